@@ -1,0 +1,326 @@
+r"""``gpuhive``: the command line.
+
+    gpuhive doctor                     what this machine can do
+    gpuhive explain --kind matmul --dim M=8192 --dim N=8192 --dim K=8192
+    gpuhive run --kind reduce --dim N=67108864 --machine local-cpu --verify \
+        --backend cpu
+    gpuhive validate DECISION.json --task TASK.json --machine hetero-4
+    gpuhive book --machine hetero-4 --backend model --budget quick
+
+Bad input gets one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from lib.baselines import BASELINES, EqualSplit, get_policy
+from lib.contract import KIND_DIMS, KINDS, ContractError, Decision, TaskSpec
+from lib.execution import BACKENDS, BackendUnavailable, ExecutionError
+from lib.machines import MachineError, list_machines, load_machine
+from lib.runtime import Agent, DecisionRejected
+from lib.security import check_decision
+
+
+class UsageError(ValueError):
+    """Bad command-line input (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
+        self.exit(2, f"gpuhive: error: {message} (see gpuhive --help)\n")
+
+
+def fmt_seconds(t: float) -> str:
+    """Seconds in a readable unit: ``1.23 ms``."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t * 1e9:.3g} ns"
+
+
+def _parse_dims(items: Sequence[str]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--dim {item!r}: expected NAME=VALUE, e.g. --dim N=4096")
+        try:
+            dims[name.strip()] = int(value)
+        except ValueError:
+            raise UsageError(f"--dim {item!r}: {value!r} is not an integer") from None
+    return dims
+
+
+def _task_from_args(args: argparse.Namespace) -> TaskSpec:
+    if getattr(args, "task", None):
+        return TaskSpec.from_json(_read(args.task, "task"))
+    if not args.kind:
+        raise UsageError("give --kind and --dim NAME=VALUE (or --task FILE)")
+    return TaskSpec(kind=args.kind, dims=_parse_dims(args.dim or []),
+                    dtype=args.dtype)
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"{what} file {path}: {exc.strerror or exc}") from None
+
+
+def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
+    print(json.dumps(obj, indent=2) if args.json else text)
+
+
+# -- doctor -----------------------------------------------------------------
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from lib.execution.cuda import probe
+
+    cuda = probe()
+    nvml_reason = ""
+    try:
+        load_machine("nvml")
+    except MachineError as exc:
+        nvml_reason = str(exc)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count()
+    backends = {
+        "model": {"real": False, "why": "predicts with the cost model, Eq. (1) "
+                                        "(PREDICTED); always available"},
+        "cpu": {"real": True, "why": f"{cores} core(s) as worker processes on "
+                                     "local-cpu (MEASURED)"},
+        "cuda": {"real": cuda.usable,
+                 "why": (f"{cuda.devices} CUDA device(s)" if cuda.usable
+                         else "; ".join(cuda.reasons))},
+    }
+    machines = {}
+    for name in list_machines():
+        try:
+            m = load_machine(name)
+            machines[name] = {"devices": m.n, "simulated": m.simulated,
+                              "induced": m.induced, "about": m.description}
+        except MachineError as exc:
+            machines[name] = {"error": str(exc)}
+    missing = {"driver": not cuda.driver, "nvrtc": not cuda.nvrtc,
+               "nccl": not cuda.nccl, "nvml": bool(nvml_reason)}
+    lines = ["machines:"]
+    for name, info in machines.items():
+        if "error" in info:
+            lines.append(f"  {name:<24} unavailable: {info['error']}")
+        else:
+            tags = " simulated" * info["simulated"] + " induced" * info["induced"]
+            lines.append(f"  {name:<24} {info['devices']} device(s){tags}")
+    lines.append("backends:")
+    for name, info in backends.items():
+        state = "real" if info["real"] else ("model" if name == "model" else "absent")
+        lines.append(f"  {name:<6} {state:<7} {info['why']}")
+    lines.append("CUDA stack: " + ", ".join(
+        f"{k} {'missing' if v else 'ok'}" for k, v in missing.items()))
+    _emit(args, {"machines": machines, "backends": backends, "missing": missing,
+                 "cuda_reasons": list(cuda.reasons), "nvml": nvml_reason or "ok"},
+          "\n".join(lines))
+    return 0
+
+
+# -- explain ----------------------------------------------------------------
+
+def _breakdown_table(pred) -> list[str]:
+    lines = [f"  {'device':<20} {'share':>6} {'rows':>10} {'launch':>9} {'in':>9} "
+             f"{'compute':>9} {'out':>9} {'total':>9}"]
+    for d in pred.devices:
+        lines.append(
+            f"  {d.label:<20} {d.share:6.3f} {d.rows:10d} {fmt_seconds(d.t_launch):>9} "
+            f"{fmt_seconds(d.t_in):>9} {fmt_seconds(d.t_comp):>9} "
+            f"{fmt_seconds(d.t_out):>9} {fmt_seconds(d.total):>9}")
+    lines.append(f"  merge ({pred.comm_path}): {fmt_seconds(pred.t_merge)}")
+    return lines
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from lib.costmodel import predict
+
+    task = _task_from_args(args)
+    agent = Agent(policy=get_policy(args.policy), machine=args.machine)
+    decision = agent.optimize(task)
+    pred = predict(task, decision, agent.machine)
+    equal = EqualSplit().decide(task, agent.machine).with_hash(task)
+    ref = predict(task, equal, agent.machine) \
+        if check_decision(equal, task, agent.machine).accepted else None
+    lines = [f"task        {task.describe()} on {agent.machine.name}"
+             f"{' (simulated)' if agent.machine.simulated else ''}",
+             f"policy      {agent.policy.name}",
+             f"decision    {decision.describe()}",
+             f"config_hash {decision.config_hash}",
+             f"PREDICTED breakdown (model backend, cost model Eq. (1), "
+             f"{pred.params_source} parameters):"]
+    lines += _breakdown_table(pred)
+    summary = f"PREDICTED total: {fmt_seconds(pred.total)}"
+    if ref is not None:
+        summary += (f"  (equal split: {fmt_seconds(ref.total)}, "
+                    f"{ref.total / pred.total:.2f}x)")
+    lines.append(summary)
+    _emit(args, {"task": task.to_json(), "machine": agent.machine.name,
+                 "policy": agent.policy.name, "decision": decision.to_json(),
+                 "prediction": pred.to_json(),
+                 "equal_split_seconds": ref.total if ref else None},
+          "\n".join(lines))
+    return 0
+
+
+# -- run --------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    task = _task_from_args(args)
+    options: dict[str, Any] = {"seed": args.seed}
+    if args.backend == "cpu":
+        options.update(repeats=args.repeats, warmup=args.warmup)
+    agent = Agent(policy=get_policy(args.policy), machine=args.machine,
+                  backend=args.backend, **options)
+    try:
+        if args.decision:
+            decision = Decision.from_json(_read(args.decision, "decision"))
+            if args.rehash:
+                decision = decision.with_hash(task)
+        else:
+            decision = agent.optimize(task)
+        result = agent.execute(task, decision, verify=args.verify)
+    finally:
+        agent.close()
+    m = result.metrics
+    tag = "MEASURED" if m.measured else "PREDICTED"
+    lines = [f"{m.label} {task.describe()} on {agent.machine.name}",
+             f"decision  {decision.describe()}",
+             f"  {'device':<20} {'share':>6} {'seconds':>10}"]
+    for pos, g in enumerate(decision.gpus):
+        if g in m.per_device_seconds:
+            lines.append(f"  {agent.machine.devices[g].label:<20} "
+                         f"{decision.shares[pos]:6.3f} "
+                         f"{fmt_seconds(m.per_device_seconds[g]):>10}  {tag}")
+    lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({m.backend} backend"
+                 f"{f', median of {m.repeats}' if m.repeats > 1 else ''})")
+    if m.verified is not None:
+        lines.append(f"verified {str(m.verified).lower()} (max abs error "
+                     f"{m.max_abs_error:.3g})")
+    _emit(args, {"task": task.to_json(), "machine": agent.machine.name,
+                 "decision": decision.to_json(), "metrics": m.to_json()},
+          "\n".join(lines))
+    return 0 if m.verified is not False else 1
+
+
+# -- validate ---------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    task = TaskSpec.from_json(_read(args.task, "task"))
+    machine = load_machine(args.machine)
+    verdict = check_decision(_read(args.decision, "decision"), task, machine)
+    lines = [verdict.summary()] + [f"  {v}" for v in verdict.violations[1:]]
+    _emit(args, {"accepted": verdict.accepted,
+                 "violations": [{"check": v.check, "message": v.message}
+                                for v in verdict.violations]}, "\n".join(lines))
+    return 0 if verdict.accepted else 1
+
+
+# -- book -------------------------------------------------------------------
+
+def cmd_book(args: argparse.Namespace) -> int:
+    from lib.bookbuild import build_book
+
+    build_book(machine=args.machine, backend=args.backend, budget=args.budget,
+               seed=args.seed, html=not args.no_html)
+    return 0
+
+
+# -- parser -----------------------------------------------------------------
+
+def _task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", choices=KINDS, help="workload class")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
+                   help="a dimension, repeated: " + "; ".join(
+                       f"{k}: {','.join(d)}" for k, d in KIND_DIMS.items()))
+    p.add_argument("--dtype", default="fp32", choices=("fp16", "bf16", "fp32", "fp64"))
+    p.add_argument("--task", metavar="FILE", help="task JSON instead of --kind/--dim")
+    p.add_argument("--machine", default="hetero-4",
+                   help="machine profile (gpuhive doctor lists them)")
+    p.add_argument("--policy", default="proportional-peak", choices=tuple(BASELINES))
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpuhive", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog=__doc__.split("\n\n", 1)[1])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("doctor", help="machine profiles and which backends are real")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("explain", help="the decision for a task and its predicted "
+                                       "per-device breakdown")
+    _task_args(p)
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("run", help="decide, validate, execute, optionally verify")
+    _task_args(p)
+    p.add_argument("--backend", default="model", choices=BACKENDS)
+    p.add_argument("--decision", metavar="FILE", help="run this decision JSON "
+                                                     "instead of the policy's")
+    p.add_argument("--rehash", action="store_true",
+                   help="recompute the decision file's config_hash")
+    p.add_argument("--verify", action="store_true",
+                   help="compare the result with the NumPy reference")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats (cpu)")
+    p.add_argument("--warmup", type=int, default=0, help="untimed runs first (cpu)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="Gate 1 on a decision file")
+    p.add_argument("decision", metavar="DECISION.json")
+    p.add_argument("--task", required=True, metavar="TASK.json")
+    p.add_argument("--machine", default="hetero-4")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("book", help="execute the notebooks and build the HTML book")
+    p.add_argument("--machine", default="hetero-4")
+    p.add_argument("--backend", default="model", choices=BACKENDS)
+    p.add_argument("--budget", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-html", action="store_true",
+                   help="execute the notebooks only")
+    p.set_defaults(func=cmd_book)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuhive`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ContractError, MachineError, DecisionRejected,
+            BackendUnavailable) as exc:
+        print(f"gpuhive: error: {exc}", file=sys.stderr)
+        return 2
+    except ExecutionError as exc:
+        print(f"gpuhive: execution failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpuhive: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("GPUHIVE_DEBUG"):
+            raise
+        print(f"gpuhive: internal error: {type(exc).__name__}: {exc} "
+              "(set GPUHIVE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""The contract: the two objects every plane exchanges, their JSON and their hash.
+
+A :class:`TaskSpec` says *what* to compute; a :class:`Decision` says *how* to
+spread it over the devices of a machine. Everything downstream of the policy
+consumes only these two objects, so a decision can be logged, diffed,
+hand-written or loaded from JSON, and every policy drives the same path.
+
+JSON forms (exactly these fields, nothing else)::
+
+    {"kind": "matmul", "dims": {"M": 8192, "N": 8192, "K": 8192},
+     "dtype": "fp32", "divisible_dim": 0, "merge": "concat"}
+
+    {"gpus": [0, 2], "shares": [0.75, 0.25], "chunk": 4096, "block": 256,
+     "mode": "split", "comm_path": "host", "config_hash": "<64 hex digits>"}
+
+``config_hash`` is the SHA-256 hex digest of::
+
+    json.dumps({"task": task_json, "decision": decision_json_without_config_hash},
+               sort_keys=True, separators=(",", ":"))
+
+Parsing untrusted JSON (:meth:`TaskSpec.from_json`, :meth:`Decision.from_json`)
+checks *form*: unknown or missing fields, NaN/Infinity, bools where numbers are
+due, floats where integers are due and wrong types each raise a
+:class:`ContractError` naming the field. Whether a decision is *feasible* on a
+machine (shares summing to one, devices that exist, memory that fits) is Gate 1's
+job, in :mod:`lib.security`.
+
+This module imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+# --------------------------------------------------------------------------
+# Vocabulary
+
+#: Workload classes and the order of their dimensions.
+#: matmul: C[M,N] = A[M,K] B[K,N]; reduce: sum of x[N]; elementwise:
+#: out = a*x + y over N; stencil: T sweeps of a 5-point Jacobi on an HxW grid;
+#: histogram: counts of x[N] in B equal bins over [0, 1).
+KIND_DIMS: dict[str, tuple[str, ...]] = {
+    "matmul": ("M", "N", "K"),
+    "reduce": ("N",),
+    "elementwise": ("N",),
+    "stencil": ("H", "W", "T"),
+    "histogram": ("N", "B"),
+}
+KINDS: tuple[str, ...] = tuple(KIND_DIMS)
+
+#: (divisible_dim, merge) pairs each kind supports.
+KIND_SPLITS: dict[str, tuple[tuple[int, str], ...]] = {
+    "matmul": ((0, "concat"),),
+    "reduce": ((0, "sum"),),
+    "elementwise": ((0, "concat"),),
+    "stencil": ((0, "concat"),),
+    "histogram": ((0, "sum"),),
+}
+
+#: Bytes per element of each dtype.
+DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
+DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+MERGES: tuple[str, ...] = ("concat", "sum")
+MODES: tuple[str, ...] = ("single", "split", "pipelined")
+COMM_PATHS: tuple[str, ...] = ("host", "p2p", "nccl")
+
+#: Largest value of any dimension (kernels index with 64-bit offsets, but a
+#: single dimension stays within a signed 32-bit launch argument).
+MAX_DIM = 2**31 - 1
+#: Per-dimension limits that are tighter than MAX_DIM: (low, high).
+DIM_LIMITS: dict[tuple[str, str], tuple[int, int]] = {
+    ("stencil", "T"): (1, 1024),
+    ("histogram", "B"): (1, 4096),
+    ("stencil", "H"): (3, MAX_DIM),
+    ("stencil", "W"): (3, MAX_DIM),
+}
+#: Form bounds on a decision (Gate 1 holds it to the machine's actual limits).
+MAX_DEVICES = 64
+MAX_CHUNK = 2**40
+MAX_BLOCK = 1 << 16
+HASH_HEX_LEN = 64
+
+TASK_FIELDS = ("kind", "dims", "dtype", "divisible_dim", "merge")
+DECISION_FIELDS = (
+    "gpus", "shares", "chunk", "block", "mode", "comm_path", "config_hash",
+)
+
+
+class ContractError(ValueError):
+    """A task or decision that breaks the contract's form.
+
+    Attributes:
+        field: dotted path of the offending field (``"dims.M"``, ``"shares[1]"``).
+    """
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+# --------------------------------------------------------------------------
+# Strict value checks (shared by both objects)
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def expect_int(value: Any, field: str, low: int, high: int) -> int:
+    """Return ``value`` if it is an int (not a bool, not a float) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ContractError(
+            field, f"expected an integer, got {_type_name(value)} {value!r}"
+        )
+    value = int(value)
+    if not low <= value <= high:
+        raise ContractError(field, f"must be in [{low}, {high}], got {value}")
+    return value
+
+
+def expect_number(value: Any, field: str) -> float:
+    """Return ``value`` as float if it is a finite int or float (not a bool)."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ContractError(
+            field, f"expected a number, got {_type_name(value)} {value!r}"
+        )
+    value = float(value)
+    if not math.isfinite(value):
+        raise ContractError(field, f"must be finite, got {value}")
+    return value
+
+
+def expect_choice(value: Any, field: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of the strings in ``choices``."""
+    if not isinstance(value, str):
+        raise ContractError(
+            field, f"expected a string, got {_type_name(value)} {value!r}"
+        )
+    if value not in choices:
+        raise ContractError(
+            field, f"unknown value {value!r}; expected one of {', '.join(choices)}"
+        )
+    return value
+
+
+def _expect_fields(obj: Any, what: str, allowed: Sequence[str],
+                   optional: Sequence[str] = ()) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise ContractError(what, f"expected a JSON object, got {_type_name(obj)}")
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise ContractError(f"{what}.{unknown[0]}", "unknown field")
+    missing = [k for k in allowed if k not in obj and k not in optional]
+    if missing:
+        raise ContractError(f"{what}.{missing[0]}", "missing field")
+    return obj
+
+
+def _reject_constant(name: str) -> Any:
+    raise ContractError("json", f"{name} is not allowed (numbers must be finite)")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ContractError(str(key), "duplicate field")
+        seen[key] = value
+    return seen
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """Parse JSON refusing NaN, Infinity and duplicate keys."""
+    try:
+        return json.loads(
+            text, parse_constant=_reject_constant,
+            object_pairs_hook=_no_duplicate_keys,
+        )
+    except json.JSONDecodeError as exc:
+        raise ContractError("json", f"not valid JSON: {exc.msg} at line "
+                                    f"{exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise ContractError("json", "nested too deeply") from None
+
+
+def _as_obj(data: str | bytes | Mapping[str, Any]) -> Any:
+    return loads_strict(data) if isinstance(data, (str, bytes)) else data
+
+
+# --------------------------------------------------------------------------
+# TaskSpec
+
+@dataclass(frozen=True, eq=True)
+class TaskSpec:
+    """One divisible task.
+
+    Attributes:
+        kind: one of :data:`KINDS`.
+        dims: dimension name -> size, in the kind's order (:data:`KIND_DIMS`).
+        dtype: element type, one of :data:`DTYPES`.
+        divisible_dim: index into the kind's dims of the dimension that is split.
+        merge: how shard results combine: ``"concat"`` or ``"sum"``.
+
+    The constructor validates everything and raises :class:`ContractError`.
+    """
+
+    kind: str
+    dims: Mapping[str, int]
+    dtype: str = "fp32"
+    divisible_dim: int = 0
+    merge: str = ""
+
+    def __post_init__(self) -> None:
+        kind = expect_choice(self.kind, "kind", KINDS)
+        if not isinstance(self.dims, Mapping):
+            raise ContractError("dims", f"expected an object of sizes, got "
+                                        f"{_type_name(self.dims)}")
+        names = KIND_DIMS[kind]
+        extra = [k for k in self.dims if k not in names]
+        if extra:
+            raise ContractError(f"dims.{extra[0]}", f"unknown dimension for {kind}; "
+                                                    f"{kind} takes {', '.join(names)}")
+        missing = [k for k in names if k not in self.dims]
+        if missing:
+            raise ContractError(f"dims.{missing[0]}", f"missing; {kind} needs "
+                                                      f"{', '.join(names)}")
+        dims = {}
+        for name in names:
+            low, high = DIM_LIMITS.get((kind, name), (1, MAX_DIM))
+            dims[name] = expect_int(self.dims[name], f"dims.{name}", low, high)
+        object.__setattr__(self, "dims", dims)
+        expect_choice(self.dtype, "dtype", DTYPES)
+        splits = KIND_SPLITS[kind]
+        merge = self.merge or splits[0][1]
+        object.__setattr__(self, "merge", expect_choice(merge, "merge", MERGES))
+        dim = expect_int(self.divisible_dim, "divisible_dim", 0, len(names) - 1)
+        if (dim, merge) not in splits:
+            ok = ", ".join(f"{names[d]} with {m}" for d, m in splits)
+            raise ContractError(
+                "divisible_dim", f"{kind} cannot split {names[dim]} with merge "
+                                 f"{merge!r}; it supports {ok}")
+
+    def __hash__(self) -> int:
+        return hash((self.kind, tuple(self.dims.items()), self.dtype,
+                     self.divisible_dim, self.merge))
+
+    @property
+    def split_name(self) -> str:
+        """Name of the divisible dimension (``"M"`` for matmul)."""
+        return KIND_DIMS[self.kind][self.divisible_dim]
+
+    @property
+    def split_size(self) -> int:
+        """Size of the divisible dimension: what shares are shares of."""
+        return self.dims[self.split_name]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of :attr:`dtype`."""
+        return DTYPE_BYTES[self.dtype]
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract's JSON object (plain dict, dims in the kind's order)."""
+        return {"kind": self.kind, "dims": dict(self.dims), "dtype": self.dtype,
+                "divisible_dim": self.divisible_dim, "merge": self.merge}
+
+    @classmethod
+    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> TaskSpec:
+        """Parse untrusted JSON (text or an already-decoded object), strictly."""
+        obj = _expect_fields(_as_obj(data), "task", TASK_FIELDS)
+        if not isinstance(obj["dims"], Mapping):
+            raise ContractError("dims", "expected an object of sizes, got "
+                                        f"{_type_name(obj['dims'])}")
+        return cls(kind=obj["kind"], dims=dict(obj["dims"]), dtype=obj["dtype"],
+                   divisible_dim=obj["divisible_dim"], merge=obj["merge"])
+
+    def describe(self) -> str:
+        """Short human form: ``matmul[M=8192,N=8192,K=8192] fp32``."""
+        dims = ",".join(f"{k}={v}" for k, v in self.dims.items())
+        return f"{self.kind}[{dims}] {self.dtype}"
+
+
+# --------------------------------------------------------------------------
+# Decision
+
+@dataclass(frozen=True)
+class Decision:
+    """How one task is spread over devices.
+
+    Attributes:
+        gpus: device indices of the machine profile, in the order shards are cut.
+        shares: fraction of the divisible dimension per device (sum to 1).
+        chunk: rows/elements of the divisible dimension per pipelined chunk
+            (in ``split`` and ``single`` mode, conventionally the whole dimension).
+        block: CUDA threads per block (a multiple of 32 in [32, 1024]).
+        mode: ``"single"`` (one device), ``"split"`` (one shard per device) or
+            ``"pipelined"`` (each shard in chunks, copies overlapping compute).
+        comm_path: how partial results meet: ``"host"``, ``"p2p"`` or ``"nccl"``.
+        config_hash: SHA-256 of task and decision (see :func:`config_hash`).
+
+    Construction does not validate: a policy's output is untrusted until Gate 1
+    (:func:`lib.security.check_decision`) has passed it.
+    """
+
+    gpus: tuple[int, ...]
+    shares: tuple[float, ...]
+    chunk: int
+    block: int = 256
+    mode: str = "split"
+    comm_path: str = "host"
+    config_hash: str = field(default="", compare=True)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, list):
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if isinstance(self.shares, (list, np.ndarray)):
+            object.__setattr__(self, "shares", tuple(self.shares))
+
+    def to_json(self, include_hash: bool = True) -> dict[str, Any]:
+        """The contract's JSON object; without ``config_hash`` when asked."""
+        out: dict[str, Any] = {
+            "gpus": [int(g) for g in self.gpus],
+            "shares": [float(s) for s in self.shares],
+            "chunk": int(self.chunk), "block": int(self.block),
+            "mode": self.mode, "comm_path": self.comm_path,
+        }
+        if include_hash:
+            out["config_hash"] = self.config_hash
+        return out
+
+    @classmethod
+    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Decision:
+        """Parse untrusted JSON strictly (form only; Gate 1 checks feasibility).
+
+        ``config_hash`` may be absent (then empty; Gate 1 rejects it until it is
+        recomputed with :meth:`with_hash`).
+        """
+        obj = _expect_fields(_as_obj(data), "decision", DECISION_FIELDS,
+                             optional=("config_hash",))
+        gpus = _expect_list(obj["gpus"], "gpus")
+        shares = _expect_list(obj["shares"], "shares")
+        digest = obj.get("config_hash", "")
+        if not isinstance(digest, str):
+            raise ContractError("config_hash", f"expected a string, got "
+                                               f"{_type_name(digest)}")
+        if digest and (len(digest) != HASH_HEX_LEN
+                       or any(c not in "0123456789abcdef" for c in digest)):
+            raise ContractError("config_hash", "expected 64 lowercase hex digits")
+        return cls(
+            gpus=tuple(expect_int(g, f"gpus[{i}]", 0, MAX_DEVICES - 1)
+                       for i, g in enumerate(gpus)),
+            shares=tuple(expect_number(s, f"shares[{i}]")
+                         for i, s in enumerate(shares)),
+            chunk=expect_int(obj["chunk"], "chunk", 1, MAX_CHUNK),
+            block=expect_int(obj["block"], "block", 1, MAX_BLOCK),
+            mode=expect_choice(obj["mode"], "mode", MODES),
+            comm_path=expect_choice(obj["comm_path"], "comm_path", COMM_PATHS),
+            config_hash=digest,
+        )
+
+    def with_hash(self, task: TaskSpec) -> Decision:
+        """This decision with ``config_hash`` computed for ``task``."""
+        return replace(self, config_hash=config_hash(task, self))
+
+    def describe(self) -> str:
+        """Short human form: ``split gpus=[0,2] shares=[0.750,0.250] ...``."""
+        shares = ",".join(f"{s:.3f}" for s in self.shares)
+        gpus = ",".join(str(g) for g in self.gpus)
+        return (f"{self.mode} gpus=[{gpus}] shares=[{shares}] chunk={self.chunk} "
+                f"block={self.block} path={self.comm_path}")
+
+
+def _expect_list(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ContractError(field, f"expected a list, got {_type_name(value)}")
+    if not 1 <= len(value) <= MAX_DEVICES:
+        raise ContractError(field, f"must hold 1 to {MAX_DEVICES} entries, "
+                                   f"got {len(value)}")
+    return value
+
+
+def canonical_json(task: TaskSpec, decision: Decision) -> str:
+    """The exact text whose SHA-256 is the config hash."""
+    return json.dumps(
+        {"task": task.to_json(), "decision": decision.to_json(include_hash=False)},
+        sort_keys=True, separators=(",", ":"),
+    )
+
+
+def config_hash(task: TaskSpec, decision: Decision) -> str:
+    """SHA-256 hex digest of :func:`canonical_json` (anyone can recompute it)."""
+    return hashlib.sha256(canonical_json(task, decision).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------
+# State encoding for policies
+
+#: Device slots in the state vector; machines with more devices are refused.
+STATE_DEVICES = 8
+STATE_VERSION = 1
+
+_TASK_FIELDS: list[tuple[str, str]] = (
+    [(f"task.kind.{k}", f"1 if kind is {k}, else 0") for k in KINDS]
+    + [(f"task.dtype.{d}", f"1 if dtype is {d}, else 0") for d in DTYPES]
+    + [(f"task.log2_dim{i}", f"log2 of the kind's dimension {i} / 32 (0 if the "
+                             f"kind has fewer)") for i in range(3)]
+    + [("task.log2_split", "log2 of the divisible dimension's size / 32")]
+)
+_DEVICE_FIELDS: list[tuple[str, str]] = [
+    ("present", "1 if the slot holds a device of the machine, else 0"),
+    ("log_peak", "log10(peak FLOP/s for the task's dtype) - 12, /3"),
+    ("log_mem_bw", "log10(memory bandwidth in B/s) - 11, /2"),
+    ("log_mem", "log10(memory in bytes) - 10, /2"),
+    ("log_host_bw", "log10(host link bandwidth in B/s) - 10, /2"),
+    ("peak_frac", "peak FLOP/s over the machine's sum"),
+    ("bw_frac", "memory bandwidth over the machine's sum"),
+    ("peer_frac", "fraction of other devices reachable peer-to-peer"),
+    ("util", "live utilisation in [0, 1] (0 without telemetry)"),
+    ("free_frac", "free memory over total memory (1 without telemetry)"),
+    ("healthy", "1 if healthy per telemetry (1 without telemetry)"),
+]
+
+#: Every entry of the state vector, ``(name, meaning)``, in order.
+STATE_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    _TASK_FIELDS
+    + [(f"dev{i}.{name}", text) for i in range(STATE_DEVICES)
+       for name, text in _DEVICE_FIELDS]
+)
+STATE_DIM = len(STATE_FIELDS)
+TASK_FEATURES = len(_TASK_FIELDS)
+DEVICE_FEATURES = len(_DEVICE_FIELDS)
+
+
+def encode_state(task: TaskSpec, machine: Any, telemetry: Any = None) -> np.ndarray:
+    """Fixed-length feature vector of (task, machine, telemetry) for policies.
+
+    Args:
+        task: the task.
+        machine: a :class:`lib.machines.Machine` (duck-typed: ``devices`` with
+            ``peak_flops(dtype)``, ``mem_bw``, ``mem_bytes``; ``host_link(i)``
+            with ``bandwidth``; ``peer(i, j)`` returning a link or ``None``).
+        telemetry: optional snapshot with per-device sequences ``utilisation``,
+            ``free_bytes`` and ``healthy``.
+
+    Returns:
+        float32 array of shape ``(STATE_DIM,)``; :data:`STATE_FIELDS` names each
+        entry. Values are scaled to roughly [-1, 2].
+    """
+    n = len(machine.devices)
+    if n > STATE_DEVICES:
+        raise ContractError("machine", f"{n} devices exceed the state's "
+                                       f"{STATE_DEVICES} device slots")
+    x = np.zeros(STATE_DIM, dtype=np.float32)
+    x[KINDS.index(task.kind)] = 1.0
+    x[len(KINDS) + DTYPES.index(task.dtype)] = 1.0
+    base = len(KINDS) + len(DTYPES)
+    for i, size in enumerate(task.dims.values()):
+        x[base + i] = math.log2(size) / 32.0
+    x[base + 3] = math.log2(task.split_size) / 32.0
+
+    peaks = [d.peak_flops(task.dtype) for d in machine.devices]
+    bws = [d.mem_bw for d in machine.devices]
+    for i, dev in enumerate(machine.devices):
+        peers = sum(1 for j in range(n) if j != i and machine.peer(i, j) is not None)
+        util, free_frac, healthy = 0.0, 1.0, 1.0
+        if telemetry is not None:
+            util = float(telemetry.utilisation[i])
+            free_frac = float(telemetry.free_bytes[i]) / dev.mem_bytes
+            healthy = 1.0 if telemetry.healthy[i] else 0.0
+        o = TASK_FEATURES + i * DEVICE_FEATURES
+        x[o:o + DEVICE_FEATURES] = (
+            1.0,
+            (math.log10(peaks[i]) - 12.0) / 3.0,
+            (math.log10(bws[i]) - 11.0) / 2.0,
+            (math.log10(dev.mem_bytes) - 10.0) / 2.0,
+            (math.log10(machine.host_link(i).bandwidth) - 10.0) / 2.0,
+            peaks[i] / sum(peaks),
+            bws[i] / sum(bws),
+            peers / (n - 1) if n > 1 else 0.0,
+            util, free_frac, healthy,
+        )
+    return x

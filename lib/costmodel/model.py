@@ -1,0 +1,256 @@
+"""Eq. (1): the predicted time of decision ``d`` on machine ``m``.
+
+Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
+
+    T(d) = max_i [ t_launch + t_in,i + t_comp,i + t_out,i ] + t_merge
+
+    t_comp,i = max(flops_i / (F_i e_k), bytes_i / (B_i e'_k)) / (1 - u_i)
+
+- ``F_i``, ``B_i``: peak FLOP/s for the dtype and memory bandwidth of device i;
+  ``e_k``, ``e'_k``: compute and memory efficiencies of kernel kind k
+  (:class:`CostParams`); ``u_i``: live utilisation from telemetry.
+- ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
+  latency.
+- ``pipelined`` mode cuts a shard into ``c = ceil(r_i / chunk)`` chunks; the
+  three stages (copy in, compute, copy out) overlap, so the shard takes
+  ``a + b + o + (c - 1) max(a, b, o) + c t_launch`` with a, b, o per-chunk stage
+  times (bytes every chunk needs, like matmul's B, go first, unoverlapped).
+- ``t_merge`` for ``concat`` is zero beyond each shard's own copy-out (shards
+  land in place in the host buffer). For ``sum`` it depends on the comm path:
+  ``host`` -- every partial comes to the host, which adds k of them;
+  ``p2p`` -- partials go to the first device over peer links, it adds them and
+  copies one result out; ``nccl`` -- ring all-reduce,
+  ``2(k-1)/k * bytes / slowest ring link + 2(k-1) latency``, then one copy out.
+
+All times in seconds. The prediction is finite and positive for every decision
+Gate 1 accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lib.contract import KINDS, Decision, TaskSpec
+from lib.machines import Machine
+from lib.telemetry import Snapshot
+from lib.workloads import ShardWork, split_rows, workload
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiencies and latencies of Eq. (1), per device kind (``gpu``/``cpu``).
+
+    Attributes:
+        compute_eff: (device kind, workload kind) -> fraction of peak FLOP/s a
+            kernel reaches, e_k; typically 0.3-0.9.
+        memory_eff: (device kind, workload kind) -> fraction of peak memory
+            bandwidth reached, e'_k; typically 0.5-0.9.
+        launch_s: device kind -> seconds per kernel launch (GPU ~5 us; a CPU
+            worker's dispatch ~100 us).
+        link_scale: device kind -> multiplier on host-link bandwidth (measured
+            over datasheet); 1.0 uncalibrated.
+        source: ``"default"`` or what they were fitted to.
+        fitted: the names of the parameters that came from measurement.
+    """
+
+    compute_eff: Mapping[tuple[str, str], float]
+    memory_eff: Mapping[tuple[str, str], float]
+    launch_s: Mapping[str, float]
+    link_scale: Mapping[str, float] = field(default_factory=dict)
+    source: str = "default"
+    fitted: tuple[str, ...] = ()
+
+    def e(self, device_kind: str, kind: str) -> float:
+        return self.compute_eff.get((device_kind, kind), 0.5)
+
+    def e_mem(self, device_kind: str, kind: str) -> float:
+        return self.memory_eff.get((device_kind, kind), 0.7)
+
+
+def default_params() -> CostParams:
+    """Uncalibrated starting values (estimates, not measurements)."""
+    gpu_c = {"matmul": 0.7, "reduce": 0.5, "elementwise": 0.5, "stencil": 0.5,
+             "histogram": 0.3}
+    gpu_m = {"matmul": 0.8, "reduce": 0.85, "elementwise": 0.85, "stencil": 0.7,
+             "histogram": 0.6}
+    cpu_c = {"matmul": 0.5, "reduce": 0.25, "elementwise": 0.25, "stencil": 0.25,
+             "histogram": 0.1}
+    cpu_m = {"matmul": 0.6, "reduce": 0.7, "elementwise": 0.6, "stencil": 0.5,
+             "histogram": 0.4}
+    compute = {("gpu", k): gpu_c[k] for k in KINDS}
+    compute.update({("cpu", k): cpu_c[k] for k in KINDS})
+    memory = {("gpu", k): gpu_m[k] for k in KINDS}
+    memory.update({("cpu", k): cpu_m[k] for k in KINDS})
+    return CostParams(compute_eff=compute, memory_eff=memory,
+                      launch_s={"gpu": 5e-6, "cpu": 1e-4})
+
+
+_DEFAULT = default_params()
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """One device's part of a prediction (seconds; rows of the divisible dim)."""
+
+    device: int
+    label: str
+    rows: int
+    share: float
+    t_launch: float
+    t_in: float
+    t_comp: float
+    t_out: float
+    chunks: int = 1
+
+    @property
+    def total(self) -> float:
+        """This device's finish time (pipelining already folded into parts)."""
+        return self.t_launch + self.t_in + self.t_comp + self.t_out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Eq. (1) evaluated: total seconds and the per-device breakdown.
+
+    Always PREDICTED (``measured`` is False): a model, not a measurement.
+    """
+
+    total: float
+    devices: tuple[DeviceTime, ...]
+    t_merge: float
+    mode: str
+    comm_path: str
+    params_source: str = "default"
+    measured: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": "PREDICTED", "total_seconds": self.total,
+            "t_merge": self.t_merge, "mode": self.mode, "comm_path": self.comm_path,
+            "params": self.params_source,
+            "devices": [{"device": d.device, "label": d.label, "rows": d.rows,
+                         "share": d.share, "t_launch": d.t_launch, "t_in": d.t_in,
+                         "t_comp": d.t_comp, "t_out": d.t_out, "chunks": d.chunks,
+                         "total": d.total} for d in self.devices],
+        }
+
+
+def compute_seconds(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
+                    params: CostParams = _DEFAULT,
+                    telemetry: Snapshot | None = None) -> float:
+    """Roofline time of ``work`` on device ``i``: max(compute, memory) / (1 - u)."""
+    dev = machine.devices[i]
+    if work.rows == 0:
+        return 0.0
+    t = max(work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind)),
+            work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind)))
+    return t * (telemetry.slowdown(i) if telemetry is not None else 1.0)
+
+
+def transfer_seconds(nbytes: float, bandwidth: float, latency: float) -> float:
+    """One copy: ``latency + nbytes / bandwidth`` (0 for nothing to move)."""
+    return 0.0 if nbytes <= 0 else latency + nbytes / bandwidth
+
+
+def predict(task: TaskSpec, decision: Decision, machine: Machine,
+            telemetry: Snapshot | None = None,
+            params: CostParams | None = None) -> Prediction:
+    """Evaluate Eq. (1) for a decision Gate 1 has accepted.
+
+    Args:
+        task, decision: what to run and how.
+        machine: the machine profile.
+        telemetry: live state (utilisation stretches compute); None for idle.
+        params: efficiencies and latencies; the uncalibrated defaults if None.
+
+    Returns:
+        A :class:`Prediction` (PREDICTED) with one :class:`DeviceTime` per
+        device in the decision, zero-share devices included at zero cost.
+    """
+    params = params or _DEFAULT
+    w = workload(task)
+    bounds = split_rows(task.split_size, decision.shares)
+    merge_on_device = task.merge == "sum" and decision.comm_path in ("p2p", "nccl") \
+        and len(decision.gpus) > 1
+    parts = []
+    for pos, (dev_index, (lo, hi)) in enumerate(zip(decision.gpus, bounds,
+                                                    strict=True)):
+        dev = machine.devices[dev_index]
+        link = machine.host_link(dev_index)
+        bw = link.bandwidth * params.link_scale.get(dev.kind, 1.0)
+        rows = hi - lo
+        work = w.work(task, rows)
+        if rows == 0:
+            parts.append(DeviceTime(dev_index, dev.label, 0, decision.shares[pos],
+                                    0.0, 0.0, 0.0, 0.0, 0))
+            continue
+        out_bytes = 0.0 if merge_on_device else work.bytes_out
+        launch = params.launch_s.get(dev.kind, 5e-6)
+        t_comp = compute_seconds(task, work, machine, dev_index, params, telemetry)
+        chunks = 1
+        if decision.mode == "pipelined":
+            chunks = max(1, math.ceil(rows / max(1, decision.chunk)))
+        if chunks == 1:
+            t_in = transfer_seconds(work.bytes_in, bw, link.latency)
+            t_out = transfer_seconds(out_bytes, bw, link.latency)
+            parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
+                                    launch, t_in, t_comp, t_out, 1))
+            continue
+        # Pipelined: fixed inputs first, then c chunks through three stages.
+        t_fixed = transfer_seconds(work.bytes_in_fixed, bw, link.latency)
+        a = transfer_seconds(work.bytes_in_rows / chunks, bw, link.latency)
+        b = t_comp / chunks
+        o = transfer_seconds(out_bytes / chunks, bw, link.latency) \
+            if task.merge == "concat" else 0.0
+        steady = (chunks - 1) * max(a, b, o)
+        # Attribute the overlapped steady state to whichever stage bounds it.
+        t_in = t_fixed + a + (steady if a >= max(b, o) else 0.0)
+        t_c = b + (steady if b > a and b >= o else 0.0)
+        t_o = o + (steady if o > max(a, b) else 0.0)
+        if task.merge == "sum":
+            t_o = transfer_seconds(out_bytes, bw, link.latency)
+        parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
+                                chunks * launch, t_in, t_c, t_o, chunks))
+    t_merge = merge_seconds(task, decision, machine, params, parts)
+    total = max(p.total for p in parts) + t_merge
+    return Prediction(total=total, devices=tuple(parts), t_merge=t_merge,
+                      mode=decision.mode, comm_path=decision.comm_path,
+                      params_source=params.source)
+
+
+def merge_seconds(task: TaskSpec, decision: Decision, machine: Machine,
+                  params: CostParams, parts: list[DeviceTime]) -> float:
+    """``t_merge`` of Eq. (1) for the decision's merge and comm path."""
+    active = [p.device for p in parts if p.rows > 0]
+    k = len(active)
+    if task.merge == "concat" or k <= 1:
+        return 0.0
+    nbytes = workload(task).work(task, 1).bytes_out
+    if decision.comm_path == "host":
+        return k * nbytes / machine.host_mem_bw
+    lead = active[0]
+    lead_dev = machine.devices[lead]
+    add = k * nbytes / (lead_dev.mem_bw * params.e_mem(lead_dev.kind, task.kind))
+    out = transfer_seconds(nbytes, machine.host_link(lead).bandwidth,
+                           machine.host_link(lead).latency)
+    if decision.comm_path == "p2p":
+        gather = max(transfer_seconds(nbytes, *_pair_link(machine, lead, j))
+                     for j in active[1:])
+        return gather + add + out
+    # nccl ring over the active devices in decision order
+    ring = [_pair_link(machine, active[i], active[(i + 1) % k]) for i in range(k)]
+    slowest = min(bw for bw, _ in ring)
+    latency = max(lat for _, lat in ring)
+    return 2 * (k - 1) / k * nbytes / slowest + 2 * (k - 1) * latency + out
+
+
+def _pair_link(machine: Machine, i: int, j: int) -> tuple[float, float]:
+    """(bandwidth, latency) between two devices: the peer link, else via host."""
+    link = machine.peer(i, j)
+    if link is not None and link.p2p:
+        return link.bandwidth, link.latency
+    hi, hj = machine.host_link(i), machine.host_link(j)
+    return min(hi.bandwidth, hj.bandwidth) / 2, hi.latency + hj.latency

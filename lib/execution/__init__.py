@@ -1,0 +1,48 @@
+"""The execution plane: three backends behind one interface.
+
+``get_backend(name, machine) -> backend``; ``backend.run(task, decision,
+verify=False) -> Result``. ``model`` predicts (PREDICTED), ``cpu`` runs real
+worker processes on this computer's cores (MEASURED), ``cuda`` runs on GPUs
+(MEASURED) where a CUDA stack exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lib.execution.base import (
+    Backend,
+    BackendUnavailable,
+    DeviceError,
+    ExecutionError,
+    ExecutionMetrics,
+    Result,
+)
+from lib.execution.cpu import CpuBackend
+from lib.execution.cuda import CudaBackend
+from lib.execution.model import ModelBackend
+from lib.machines import Machine
+
+BACKENDS = ("model", "cpu", "cuda")
+
+__all__ = [
+    "BACKENDS", "Backend", "BackendUnavailable", "CpuBackend", "CudaBackend",
+    "DeviceError", "ExecutionError", "ExecutionMetrics", "ModelBackend", "Result",
+    "get_backend",
+]
+
+
+def get_backend(name: str, machine: Machine, **options: Any) -> Backend:
+    """The backend called ``name`` for ``machine``.
+
+    Raises:
+        ValueError: unknown name.
+        BackendUnavailable: the backend cannot run here (the message says why).
+    """
+    if name == "model":
+        return ModelBackend(machine, **options)
+    if name == "cpu":
+        return CpuBackend(machine, **options)
+    if name == "cuda":
+        return CudaBackend(machine, **options)
+    raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

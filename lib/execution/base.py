@@ -1,0 +1,108 @@
+"""What every backend returns, and the errors it raises.
+
+Every backend answers ``run(task, decision, verify=False) -> Result``. The model
+backend predicts; the cpu and cuda backends measure. :class:`ExecutionMetrics`
+says which, so a modelled number is never mistaken for a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from lib.contract import Decision, TaskSpec
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine (the message says why)."""
+
+
+class ExecutionError(RuntimeError):
+    """A run failed; no result is returned, partial or otherwise."""
+
+
+class DeviceError(ExecutionError):
+    """One device failed on its shard.
+
+    Attributes:
+        device: device index in the machine profile.
+        shard: position of the shard in the decision.
+        config_hash: the decision's hash.
+    """
+
+    def __init__(self, device: int, label: str, shard: int, rows: tuple[int, int],
+                 config_hash: str, reason: str):
+        self.device, self.shard, self.config_hash = device, shard, config_hash
+        super().__init__(
+            f"device {label} failed on shard {shard} (rows {rows[0]}:{rows[1]}) of "
+            f"decision {config_hash[:12] or '(unhashed)'}: {reason}")
+
+
+@dataclass(frozen=True)
+class ExecutionMetrics:
+    """How long a run took and whether its result is right.
+
+    Attributes:
+        backend: ``"model"``, ``"cpu"`` or ``"cuda"``.
+        measured: True for wall-clock measurements, False for predictions.
+        per_device_seconds: device index -> seconds that device spent on its shard.
+        total_seconds: end-to-end seconds (dispatch to merged result).
+        verified: True/False after comparing with the NumPy reference; None when
+            verification was not asked for.
+        max_abs_error: largest absolute difference from the reference (None if
+            not verified).
+        repeats: timed repeats behind the figures (medians when > 1).
+    """
+
+    backend: str
+    measured: bool
+    per_device_seconds: dict[int, float]
+    total_seconds: float
+    verified: bool | None = None
+    max_abs_error: float | None = None
+    repeats: int = 1
+
+    @property
+    def label(self) -> str:
+        """``"MEASURED (cpu)"`` or ``"PREDICTED (model)"``."""
+        return f"{'MEASURED' if self.measured else 'PREDICTED'} ({self.backend})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "backend": self.backend,
+                "measured": self.measured,
+                "per_device_seconds": {str(k): v for k, v in
+                                       self.per_device_seconds.items()},
+                "total_seconds": self.total_seconds, "verified": self.verified,
+                "max_abs_error": self.max_abs_error, "repeats": self.repeats}
+
+
+@dataclass
+class Result:
+    """The outcome of one run.
+
+    Attributes:
+        output: the merged result (None when a model run was not asked to verify).
+        metrics: timings and verification.
+        task, decision: what ran.
+        detail: backend-specific extras (the model's per-device breakdown...).
+    """
+
+    output: np.ndarray | None
+    metrics: ExecutionMetrics
+    task: TaskSpec
+    decision: Decision
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """An execution backend: the only thing that turns a Decision into a Result."""
+
+    name: str
+    measured: bool
+
+    def run(self, task: TaskSpec, decision: Decision, *,
+            verify: bool = False) -> Result: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,304 @@
+"""The cpu backend: each device of ``local-cpu`` is a real worker process.
+
+One worker process per device, pinned to its own core, single-threaded BLAS.
+For a run the parent writes the inputs once into files in shared memory
+(``/dev/shm`` where it exists); each worker maps them, computes its shard with
+NumPy (the same :meth:`lib.workloads.Workload.compute` the reference uses) and
+writes its rows, or its partial sum, straight into a shared output buffer.
+Arrays never travel as pickles; the messages carry paths, shapes and row ranges.
+
+Times are wall-clock measurements (MEASURED):
+
+- per device: from the worker receiving its job to its result written;
+- total: from the first job sent to the merged result in the parent.
+
+A worker that raises or dies yields a :class:`~lib.execution.base.DeviceError`
+naming the device, the shard and the decision; no partial result is returned.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from multiprocessing import connection, get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.contract import Decision, TaskSpec
+from lib.execution.base import (
+    BackendUnavailable,
+    DeviceError,
+    ExecutionError,
+    ExecutionMetrics,
+    Result,
+)
+from lib.machines import Machine
+from lib.workloads import split_rows, workload
+from lib.workloads import verify as verify_output
+
+#: Environment each worker starts with: one BLAS thread, so a device is a core.
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "MKL_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
+_ENV_LOCK = threading.Lock()
+
+
+def _open(desc: tuple[str, str, tuple[int, ...]], mode: str) -> np.ndarray:
+    path, dtype, shape = desc
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode=mode, shape=tuple(shape))
+
+
+def _worker_main(conn: connection.Connection, core: int | None) -> None:
+    """Worker loop: receive a job, compute the shard, write it, report times."""
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {core})
+        except OSError:
+            pass
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        start = time.perf_counter()
+        try:
+            if job.get("fault"):
+                raise RuntimeError("injected fault")
+            task = TaskSpec.from_json(job["task"])
+            w = workload(task)
+            lo, hi = job["lo"], job["hi"]
+            inputs = {k: _open(v, "r") for k, v in job["inputs"].items()}
+            shard = w.shard_inputs(task, inputs, lo, hi)
+            t0 = time.perf_counter()
+            part = w.compute(task, shard, lo, hi)
+            t_compute = time.perf_counter() - t0
+            out = _open(job["out"], "r+")
+            if task.merge == "concat":
+                out[lo:hi] = part
+            else:
+                out[job["pos"]] = part
+            if isinstance(out, np.memmap):
+                out.flush()
+            del out, inputs, shard
+            conn.send(("ok", job["id"], t_compute, time.perf_counter() - start))
+        except BaseException as exc:  # report, never die silently
+            conn.send(("error", job["id"], f"{type(exc).__name__}: {exc}"))
+
+
+def _shm_root() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else tempfile.gettempdir()
+
+
+class CpuBackend:
+    """Runs decisions on real worker processes, one per device of the machine.
+
+    Args:
+        machine: a profile whose devices are CPU cores (``local-cpu``).
+        seed: seed of the inputs.
+        repeats: timed repeats per run (figures are medians).
+        warmup: untimed runs before the timed ones.
+        timeout: seconds to wait for a shard before declaring the device failed.
+        fault_devices: devices whose worker raises on purpose (fault injection,
+            to exercise the failure path).
+    """
+
+    name = "cpu"
+    measured = True
+
+    def __init__(self, machine: Machine, seed: int = 0, repeats: int = 1,
+                 warmup: int = 0, timeout: float = 600.0,
+                 fault_devices: Iterable[int] = ()):
+        if any(d.kind != "cpu" for d in machine.devices):
+            raise BackendUnavailable(
+                f"cpu backend: machine {machine.name} has non-CPU devices; use "
+                "--machine local-cpu")
+        self.machine = machine
+        self.seed = seed
+        self.repeats = max(1, repeats)
+        self.warmup = max(0, warmup)
+        self.timeout = timeout
+        self.fault_devices = set(fault_devices)
+        self.workers: list[Any] = []
+        self._conns: list[connection.Connection] = []
+        self._next_id = 0
+
+    # -- worker pool --------------------------------------------------------
+
+    def _cores(self) -> list[int | None]:
+        if hasattr(os, "sched_getaffinity"):
+            cores = sorted(os.sched_getaffinity(0))
+            return [cores[i % len(cores)] for i in range(self.machine.n)]
+        return [None] * self.machine.n
+
+    def start(self) -> None:
+        """Start the worker processes (done lazily by :meth:`run`)."""
+        if self.workers and all(p.is_alive() for p in self.workers):
+            return
+        self.close()
+        ctx = get_context("spawn")
+        with _ENV_LOCK:
+            saved = {k: os.environ.get(k) for k in WORKER_ENV}
+            os.environ.update(WORKER_ENV)
+            try:
+                for core in self._cores():
+                    parent, child = ctx.Pipe()
+                    proc = ctx.Process(target=_worker_main, args=(child, core),
+                                       daemon=True, name=f"gpuhive-cpu-{core}")
+                    proc.start()
+                    child.close()
+                    self.workers.append(proc)
+                    self._conns.append(parent)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+    def close(self) -> None:
+        """Stop the workers."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for proc in self.workers:
+            proc.join(timeout=2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2)
+        for conn in self._conns:
+            conn.close()
+        self.workers, self._conns = [], []
+
+    def __enter__(self) -> CpuBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- running ------------------------------------------------------------
+
+    def run(self, task: TaskSpec, decision: Decision, *,
+            verify: bool = False) -> Result:
+        """Run the decision on the workers; MEASURED times, medians of repeats."""
+        for g in decision.gpus:
+            if not 0 <= g < self.machine.n:
+                raise ExecutionError(f"device {g} does not exist on "
+                                     f"{self.machine.name}")
+        w = workload(task)
+        inputs = w.make_inputs(task, self.seed)
+        bounds = split_rows(task.split_size, decision.shares)
+        self.start()
+        root = tempfile.mkdtemp(prefix="gpuhive-", dir=_shm_root())
+        try:
+            descs = {name: self._to_shared(root, name, arr)
+                     for name, arr in inputs.items()}
+            active = [pos for pos, (lo, hi) in enumerate(bounds) if hi > lo]
+            if task.merge == "concat":
+                shape = w.output_shape(task, task.split_size)
+            else:
+                shape = (len(decision.gpus), *w.output_shape(task, 1))
+            out_desc = (str(Path(root) / "out.bin"), w.output_dtype(task).str, shape)
+            out = np.memmap(out_desc[0], dtype=out_desc[1], mode="w+", shape=shape)
+            totals, per_dev = [], {decision.gpus[p]: [] for p in active}
+            for rep in range(self.warmup + self.repeats):
+                start = time.perf_counter()
+                times = self._dispatch(task, decision, bounds, active, descs,
+                                       out_desc)
+                result = (np.array(out) if task.merge == "concat"
+                          else w.merge(task, [out[p] for p in active]))
+                elapsed = time.perf_counter() - start
+                if rep >= self.warmup:
+                    totals.append(elapsed)
+                    for g, t in times.items():
+                        per_dev[g].append(t)
+            del out
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        ok, err = None, None
+        if verify:
+            ok, err = verify_output(task, result, w.reference(task, inputs))
+        metrics = ExecutionMetrics(
+            backend="cpu", measured=True,
+            per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
+            total_seconds=statistics.median(totals), verified=ok, max_abs_error=err,
+            repeats=self.repeats)
+        return Result(output=result, metrics=metrics, task=task, decision=decision,
+                      detail={"all_totals": totals})
+
+    @staticmethod
+    def _to_shared(root: str, name: str, arr: np.ndarray):
+        path = str(Path(root) / f"{name}.bin")
+        if arr.size:
+            mm = np.memmap(path, dtype=arr.dtype, mode="w+", shape=arr.shape)
+            mm[...] = arr
+            mm.flush()
+            del mm
+        return (path, arr.dtype.str, arr.shape)
+
+    def _dispatch(self, task, decision, bounds, active, descs, out_desc):
+        """Send one job per active shard and wait for all; return device times."""
+        pending: dict[int, int] = {}
+        task_json = task.to_json()
+        for pos in active:
+            dev = decision.gpus[pos]
+            lo, hi = bounds[pos]
+            self._next_id += 1
+            job = {"id": self._next_id, "task": task_json, "lo": lo, "hi": hi,
+                   "pos": pos, "inputs": descs, "out": out_desc,
+                   "fault": dev in self.fault_devices}
+            try:
+                self._conns[dev].send(job)
+            except (OSError, BrokenPipeError):
+                self._fail(task, decision, bounds, pos, "worker process is gone")
+            pending[dev] = pos
+        times: dict[int, float] = {}
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            ready = connection.wait([self._conns[d] for d in pending], timeout=0.2)
+            for conn in ready:
+                dev = self._conns.index(conn)
+                pos = pending.pop(dev)
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(task, decision, bounds, pos, "worker process exited")
+                if msg[0] != "ok":
+                    self._fail(task, decision, bounds, pos, msg[2])
+                times[dev] = msg[3]
+            for dev, pos in list(pending.items()):
+                proc = self.workers[dev]
+                if not proc.is_alive():
+                    self._fail(task, decision, bounds, pos,
+                               f"worker process exited with code {proc.exitcode}")
+            if time.monotonic() > deadline:
+                dev, pos = next(iter(pending.items()))
+                self._fail(task, decision, bounds, pos,
+                           f"no answer within {self.timeout:.0f} s")
+        return times
+
+    def _fail(self, task, decision, bounds, pos, reason):
+        """Tear the pool down (its state is unknown) and raise DeviceError."""
+        dev = decision.gpus[pos]
+        self.close()
+        raise DeviceError(dev, self.machine.devices[dev].label, pos, bounds[pos],
+                          decision.config_hash, reason)
+

@@ -1,0 +1,64 @@
+"""The model backend: the time comes from the cost model, Eq. (1).
+
+Nothing runs on a device. The figures are PREDICTED. When asked to verify, the
+backend still computes the result shard by shard with NumPy and merges it, so
+the sharding and merging the decision implies are checked against the reference
+even where no device exists.
+"""
+
+from __future__ import annotations
+
+from lib.contract import Decision, TaskSpec
+from lib.costmodel import CostParams, predict
+from lib.execution.base import ExecutionMetrics, Result
+from lib.machines import Machine
+from lib.telemetry import Snapshot
+from lib.workloads import split_rows, workload
+from lib.workloads import verify as verify_output
+
+
+class ModelBackend:
+    """Predicts ``T(d)`` with :func:`lib.costmodel.predict`."""
+
+    name = "model"
+    measured = False
+
+    def __init__(self, machine: Machine, telemetry: Snapshot | None = None,
+                 params: CostParams | None = None, seed: int = 0):
+        self.machine = machine
+        self.telemetry = telemetry
+        self.params = params
+        self.seed = seed
+
+    def run(self, task: TaskSpec, decision: Decision, *,
+            verify: bool = False) -> Result:
+        """Predict the decision's time; compute and verify the result if asked."""
+        pred = predict(task, decision, self.machine, self.telemetry, self.params)
+        output, ok, err = None, None, None
+        if verify:
+            output, ok, err = host_compute_and_verify(task, decision, self.seed)
+        metrics = ExecutionMetrics(
+            backend=self.name, measured=False,
+            per_device_seconds={d.device: d.total for d in pred.devices},
+            total_seconds=pred.total, verified=ok, max_abs_error=err)
+        return Result(output=output, metrics=metrics, task=task, decision=decision,
+                      detail={"prediction": pred})
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def host_compute_and_verify(task: TaskSpec, decision: Decision, seed: int = 0):
+    """Compute the decision's shards with NumPy, merge, compare with the reference.
+
+    Returns:
+        ``(output, verified, max_abs_error)``.
+    """
+    w = workload(task)
+    inputs = w.make_inputs(task, seed)
+    partials = [w.compute(task, w.shard_inputs(task, inputs, lo, hi), lo, hi)
+                for lo, hi in split_rows(task.split_size, decision.shares)
+                if hi > lo]
+    output = w.merge(task, partials)
+    ok, err = verify_output(task, output, w.reference(task, inputs))
+    return output, ok, err

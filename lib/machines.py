@@ -1,0 +1,435 @@
+"""Machine profiles: the devices, their links, and where each number came from.
+
+A profile names its devices (peak FP32, FP64 and tensor FLOP/s, memory, memory
+bandwidth), each device's link to the host, and the peer links between devices
+(kind, bandwidth, latency, whether peer-to-peer copies work). Every number is
+tagged ``measured`` or ``estimated`` with a note saying where it came from, and
+the two are never pooled: :meth:`Machine.provenance_table` lists them apart.
+
+Shipped profiles (``lib/profiles/*.json`` plus two built at load time):
+
+- ``hetero-4``: four genuinely different GPUs (H100 SXM, A100 80GB SXM, V100
+  SXM2, T4) with a mixed NVLink/PCIe topology. Simulated; the default.
+- ``uni-server-1gpu``: one GPU; every multi-device action is masked out.
+- ``uni-server-2gpu-induced``: two identical cards, one clock-locked, labelled
+  *induced*. Induced heterogeneity scales arithmetic and memory throughput
+  together, so it cannot show kernel-dependent device ordering.
+- ``local-cpu``: this computer's cores as devices, run for real by the ``cpu``
+  backend (one worker process per core).
+- ``nvml``: read from the live machine through NVML (needs a driver).
+
+Units throughout: FLOP/s, bytes, bytes/s, seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+GB = 1e9
+TB = 1e12
+
+PROVENANCES = ("measured", "estimated")
+
+
+class MachineError(ValueError):
+    """An unknown or malformed machine profile (the message names it)."""
+
+
+# --------------------------------------------------------------------------
+# Published datasheet figures (dense tensor rates; per-direction link rates)
+
+#: name -> (fp32, fp64, tensor fp16, tensor bf16, memory bytes, memory B/s,
+#:          host link kind, NVLink per-direction B/s or 0)
+#: FP32, tensor, memory and interconnect from NVIDIA datasheets; FP64 likewise.
+#: A tensor rate of 0 means the card has no such tensor path (T4 has no BF16).
+GPU_CATALOG: dict[str, tuple[float, float, float, float, float, float, str, float]] = {
+    "V100 SXM2 32GB": (15.7 * TB, 7.8 * TB, 125 * TB, 0.0, 32 * GB, 900 * GB,
+                       "pcie3", 150 * GB),
+    "A100 40GB PCIe": (19.5 * TB, 9.7 * TB, 312 * TB, 312 * TB, 40 * GB,
+                       1555 * GB, "pcie4", 300 * GB),
+    "A100 80GB SXM": (19.5 * TB, 9.7 * TB, 312 * TB, 312 * TB, 80 * GB, 2039 * GB,
+                      "pcie4", 300 * GB),
+    "H100 SXM": (66.9 * TB, 34.0 * TB, 989 * TB, 989 * TB, 80 * GB, 3350 * GB,
+                 "pcie5", 450 * GB),
+    "H100 PCIe": (51.2 * TB, 25.6 * TB, 756 * TB, 756 * TB, 80 * GB, 2000 * GB,
+                  "pcie5", 300 * GB),
+    "H200 SXM": (67.0 * TB, 34.0 * TB, 989 * TB, 989 * TB, 141 * GB, 4800 * GB,
+                 "pcie5", 450 * GB),
+    "L4": (30.3 * TB, 0.49 * TB, 121 * TB, 121 * TB, 24 * GB, 300 * GB, "pcie4",
+           0.0),
+    "T4": (8.1 * TB, 0.25 * TB, 65 * TB, 0.0, 16 * GB, 320 * GB, "pcie3", 0.0),
+    "A10": (31.2 * TB, 0.98 * TB, 125 * TB, 125 * TB, 24 * GB, 600 * GB, "pcie4",
+            0.0),
+    "RTX 3090": (35.6 * TB, 0.56 * TB, 71 * TB, 71 * TB, 24 * GB, 936 * GB,
+                 "pcie4", 56.25 * GB),
+    "RTX 4090": (82.6 * TB, 1.29 * TB, 165.2 * TB, 165.2 * TB, 24 * GB,
+                 1008 * GB, "pcie4", 0.0),
+}
+
+#: Per-direction bandwidth and latency of host/peer link kinds (estimates:
+#: PCIe x16 per-direction signalling rates; latencies typical of a DMA launch).
+LINK_KINDS: dict[str, tuple[float, float]] = {
+    "pcie3": (16 * GB, 10e-6),
+    "pcie4": (32 * GB, 8e-6),
+    "pcie5": (64 * GB, 6e-6),
+    "nvlink": (300 * GB, 3e-6),
+    "shm": (8 * GB, 50e-6),
+}
+
+
+# --------------------------------------------------------------------------
+# Schema
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a machine.
+
+    Attributes:
+        index: position in the machine (what ``Decision.gpus`` refers to).
+        name: model name (``"H100 SXM"``, ``"CPU core 0"``).
+        kind: ``"gpu"`` or ``"cpu"``.
+        peak_fp32, peak_fp64: peak FLOP/s.
+        tensor_fp16, tensor_bf16: dense tensor-core FLOP/s (0 where absent).
+        mem_bytes: device memory, bytes.
+        mem_bw: memory bandwidth, bytes/s.
+        max_block: largest thread block the device accepts.
+        provenance: field name -> ``"measured"`` or ``"estimated"``.
+        notes: field name -> where the number came from.
+    """
+
+    index: int
+    name: str
+    kind: str
+    peak_fp32: float
+    peak_fp64: float
+    tensor_fp16: float
+    tensor_bf16: float
+    mem_bytes: float
+    mem_bw: float
+    max_block: int = 1024
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for arithmetic in ``dtype`` (tensor path where it exists)."""
+        if dtype == "fp64":
+            return self.peak_fp64
+        if dtype == "fp16":
+            return max(self.tensor_fp16, self.peak_fp32)
+        if dtype == "bf16":
+            return max(self.tensor_bf16, self.peak_fp32)
+        return self.peak_fp32
+
+    @property
+    def label(self) -> str:
+        """``"2:V100 SXM2 32GB"``: index and name, for tables and errors."""
+        return f"{self.index}:{self.name}"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host link or a peer link.
+
+    Attributes:
+        kind: ``pcie3``/``pcie4``/``pcie5``/``nvlink``/``shm``.
+        bandwidth: bytes/s per direction.
+        latency: seconds per transfer.
+        p2p: whether devices can copy to each other directly over it.
+        provenance: ``"measured"`` or ``"estimated"``.
+        note: where the numbers came from.
+    """
+
+    kind: str
+    bandwidth: float
+    latency: float
+    p2p: bool = False
+    provenance: str = "estimated"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A set of devices and the links between them.
+
+    Attributes:
+        name: profile name.
+        description: one paragraph for humans.
+        devices: the devices, index order.
+        host_links: each device's link to host memory, index order.
+        peers: ``(i, j)`` with ``i < j`` -> peer link; absent pairs go via host.
+        host_mem_bw: host memory bandwidth for host-side merges, bytes/s.
+        simulated: no real devices stand behind the profile.
+        induced: heterogeneity is induced (clock locks, load), not different cards.
+        nccl: NCCL is available for all-reduce merges.
+        real_backends: execution backends that run for real on such a machine.
+    """
+
+    name: str
+    description: str
+    devices: tuple[Device, ...]
+    host_links: tuple[Link, ...]
+    peers: Mapping[tuple[int, int], Link]
+    host_mem_bw: float = 50 * GB
+    simulated: bool = True
+    induced: bool = False
+    nccl: bool = False
+    real_backends: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        """Number of devices."""
+        return len(self.devices)
+
+    def host_link(self, i: int) -> Link:
+        """Device ``i``'s link to the host."""
+        return self.host_links[i]
+
+    def peer(self, i: int, j: int) -> Link | None:
+        """The peer link between ``i`` and ``j``, or ``None`` (via host only)."""
+        return self.peers.get((min(i, j), max(i, j)))
+
+    def provenance_table(self) -> list[dict[str, Any]]:
+        """Every number of the profile with its provenance, one row each."""
+        rows: list[dict[str, Any]] = []
+        for d in self.devices:
+            for f in ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
+                      "mem_bytes", "mem_bw"):
+                rows.append({"what": f"device {d.label} {f}",
+                             "value": getattr(d, f),
+                             "provenance": d.provenance.get(f, "estimated"),
+                             "note": d.notes.get(f, "")})
+        for i, link in enumerate(self.host_links):
+            rows.append({"what": f"host link {i} ({link.kind}) bandwidth",
+                         "value": link.bandwidth, "provenance": link.provenance,
+                         "note": link.note})
+        for (i, j), link in sorted(self.peers.items()):
+            rows.append({"what": f"peer link {i}-{j} ({link.kind}) bandwidth",
+                         "value": link.bandwidth, "provenance": link.provenance,
+                         "note": link.note})
+        return rows
+
+    def summary(self) -> str:
+        """One line per device, for ``gpuhive doctor`` and notebooks."""
+        tag = " (simulated)" if self.simulated else ""
+        tag += " (induced heterogeneity)" if self.induced else ""
+        lines = [f"{self.name}{tag}: {self.n} device(s)"]
+        for d, h in zip(self.devices, self.host_links, strict=True):
+            lines.append(
+                f"  {d.label:<22} fp32 {d.peak_fp32 / TB:7.2f} TFLOP/s  "
+                f"mem {d.mem_bytes / GB:6.1f} GB  bw {d.mem_bw / GB:7.1f} GB/s  "
+                f"host {h.kind} {h.bandwidth / GB:.0f} GB/s")
+        for (i, j), link in sorted(self.peers.items()):
+            lines.append(f"  peer {i}-{j}: {link.kind} {link.bandwidth / GB:.0f} GB/s"
+                         f"{' p2p' if link.p2p else ''}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# Building profiles
+
+def catalog_device(index: int, model: str, scale: float = 1.0,
+                   note: str = "") -> Device:
+    """A device from :data:`GPU_CATALOG`, optionally scaled (induced slow-down)."""
+    if model not in GPU_CATALOG:
+        raise MachineError(f"unknown GPU model {model!r}; the catalog has "
+                           f"{', '.join(GPU_CATALOG)}")
+    fp32, fp64, t16, tbf, mem, bw, _, _ = GPU_CATALOG[model]
+    src = note or f"NVIDIA datasheet ({model})"
+    fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16", "mem_bytes",
+              "mem_bw")
+    return Device(
+        index=index, name=model, kind="gpu", peak_fp32=fp32 * scale,
+        peak_fp64=fp64 * scale, tensor_fp16=t16 * scale, tensor_bf16=tbf * scale,
+        mem_bytes=mem, mem_bw=bw * scale,
+        provenance={f: "estimated" for f in fields},
+        notes={f: src for f in fields},
+    )
+
+
+def link_of_kind(kind: str, *, bandwidth: float | None = None, p2p: bool = False,
+                 note: str = "") -> Link:
+    """A link with the default (estimated) rate of its kind."""
+    if kind not in LINK_KINDS:
+        raise MachineError(f"unknown link kind {kind!r}; expected one of "
+                           f"{', '.join(LINK_KINDS)}")
+    bw, lat = LINK_KINDS[kind]
+    return Link(kind=kind, bandwidth=bandwidth or bw, latency=lat, p2p=p2p,
+                provenance="estimated",
+                note=note or f"{kind} per-direction rate (estimate)")
+
+
+def _number(spec: Any, where: str) -> float:
+    value = spec["value"] if isinstance(spec, Mapping) else spec
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise MachineError(f"{where}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def machine_from_json(obj: Mapping[str, Any]) -> Machine:
+    """Build a machine from a profile object (the format of ``lib/profiles``).
+
+    Devices are ``{"catalog": "H100 SXM"}`` (optionally ``"scale"`` and
+    ``"note"`` for induced slow-downs); host links name a kind; peer links are
+    ``{"a": 0, "b": 1, "kind": "nvlink", "bandwidth": 3e11, "p2p": true}``.
+    """
+    name = obj.get("name", "?")
+    try:
+        devices = tuple(
+            catalog_device(i, d["catalog"], float(d.get("scale", 1.0)),
+                           d.get("note", ""))
+            for i, d in enumerate(obj["devices"])
+        )
+        host_links = tuple(
+            link_of_kind(d.get("host_link", GPU_CATALOG[d["catalog"]][6]))
+            for d in obj["devices"]
+        )
+        peers: dict[tuple[int, int], Link] = {}
+        for p in obj.get("peers", []):
+            a, b = int(p["a"]), int(p["b"])
+            if not (0 <= a < len(devices) and 0 <= b < len(devices)) or a == b:
+                raise MachineError(f"profile {name}: peer link {a}-{b} names a "
+                                   f"device that does not exist")
+            bw = (_number(p["bandwidth"], f"profile {name} peer {a}-{b}")
+                  if "bandwidth" in p else None)
+            peers[(min(a, b), max(a, b))] = link_of_kind(
+                p["kind"], bandwidth=bw, p2p=bool(p.get("p2p", True)),
+                note=p.get("note", ""))
+        return Machine(
+            name=name, description=obj.get("description", ""), devices=devices,
+            host_links=host_links, peers=peers,
+            host_mem_bw=_number(obj.get("host_mem_bw", 50 * GB),
+                                f"profile {name} host_mem_bw"),
+            simulated=bool(obj.get("simulated", True)),
+            induced=bool(obj.get("induced", False)),
+            nccl=bool(obj.get("nccl", False)),
+            real_backends=tuple(obj.get("real_backends", ())),
+        )
+    except (KeyError, TypeError) as exc:
+        raise MachineError(f"profile {name}: malformed ({exc!r})") from None
+
+
+def local_cpu_machine(n: int | None = None) -> Machine:
+    """This computer's cores as devices (estimates until ``characterise`` runs).
+
+    Args:
+        n: number of core-devices; default the cores this process may use, at
+            most 8.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+    n = max(1, min(n or cores, 8))
+    mem_total = _host_memory_bytes()
+    note = "estimate: 2.5 GHz x 16 fp32 FLOP/cycle (one AVX2 FMA unit)"
+    fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
+              "mem_bytes", "mem_bw")
+    devices = tuple(
+        Device(index=i, name=f"CPU core {i}", kind="cpu", peak_fp32=40e9,
+               peak_fp64=20e9, tensor_fp16=0.0, tensor_bf16=0.0,
+               mem_bytes=mem_total / n, mem_bw=8 * GB, max_block=1024,
+               provenance={f: "estimated" for f in fields},
+               notes={"peak_fp32": note, "peak_fp64": note,
+                      "mem_bytes": "host memory divided among cores",
+                      "mem_bw": "estimate: one core's streaming bandwidth"})
+        for i in range(n)
+    )
+    shm = link_of_kind("shm", note="shared-memory hand-off to a worker (estimate)")
+    peers = {(i, j): link_of_kind("shm", p2p=True,
+                                  note="shared memory between workers (estimate)")
+             for i in range(n) for j in range(i + 1, n)}
+    return Machine(
+        name="local-cpu",
+        description=f"This computer's CPU cores as {n} devices, each a real worker "
+                    "process; the cpu backend measures them.",
+        devices=devices, host_links=(shm,) * n, peers=peers, host_mem_bw=10 * GB,
+        simulated=False, induced=False, nccl=False, real_backends=("cpu",),
+    )
+
+
+def _host_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 * GB
+
+
+def nvml_machine() -> Machine:
+    """The live machine read through NVML (names mapped onto the catalog)."""
+    try:
+        import pynvml
+    except ImportError:
+        raise MachineError("nvml: nvidia-ml-py is not installed "
+                           "(pip install 'gpuhive[gpu]')") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise MachineError(f"nvml: cannot initialise NVML ({exc}); no NVIDIA "
+                           "driver on this machine") from None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        devices = []
+        for i in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            raw = pynvml.nvmlDeviceGetName(handle)
+            model = _catalog_name(raw.decode() if isinstance(raw, bytes) else raw)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            dev = catalog_device(i, model, note=f"datasheet for {model}; memory "
+                                                f"read through NVML")
+            devices.append(Device(**{**dev.__dict__, "mem_bytes": float(mem)}))
+    finally:
+        pynvml.nvmlShutdown()
+    return Machine(
+        name="nvml", description="The live machine, read through NVML.",
+        devices=tuple(devices),
+        host_links=tuple(link_of_kind(GPU_CATALOG[d.name][6]) for d in devices),
+        peers={}, simulated=False, nccl=True, real_backends=("cuda",),
+    )
+
+
+def _catalog_name(nvml_name: str) -> str:
+    """Map an NVML product name (``"NVIDIA H100 80GB HBM3"``) onto the catalog."""
+    text = nvml_name.upper()
+    rules = [("H200", "H200 SXM"), ("H100 PCIE", "H100 PCIe"), ("H100", "H100 SXM"),
+             ("A100-SXM4-80GB", "A100 80GB SXM"), ("A100 80GB", "A100 80GB SXM"),
+             ("A100", "A100 40GB PCIe"), ("V100", "V100 SXM2 32GB"), ("T4", "T4"),
+             ("L4", "L4"), ("A10", "A10"), ("3090", "RTX 3090"),
+             ("4090", "RTX 4090")]
+    for key, model in rules:
+        if key in text:
+            return model
+    raise MachineError(f"nvml: GPU {nvml_name!r} is not in the catalog; add it to "
+                       "lib.machines.GPU_CATALOG")
+
+
+# --------------------------------------------------------------------------
+# Registry
+
+_BUILT = {"local-cpu": local_cpu_machine, "nvml": nvml_machine}
+
+
+def list_machines() -> list[str]:
+    """Names of every shipped profile."""
+    files = resources.files("lib").joinpath("profiles")
+    shipped = sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+    return shipped + sorted(_BUILT)
+
+
+def load_machine(name: str | Machine) -> Machine:
+    """The machine profile called ``name`` (a Machine is returned unchanged)."""
+    if isinstance(name, Machine):
+        return name
+    if name in _BUILT:
+        return _BUILT[name]()
+    path = resources.files("lib").joinpath("profiles", f"{name}.json")
+    if not isinstance(name, str) or "/" in name or not path.is_file():
+        raise MachineError(f"unknown machine {name!r}; known: "
+                           f"{', '.join(list_machines())}")
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise MachineError(f"profile {name}: not valid JSON ({exc.msg})") from None
+    return machine_from_json(obj)

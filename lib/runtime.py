@@ -1,0 +1,110 @@
+"""The runtime: one object that wires the planes together.
+
+>>> from lib.runtime import Agent
+>>> from lib.contract import TaskSpec
+>>> agent = Agent(machine="hetero-4")                    # model backend
+>>> task = TaskSpec("matmul", {"M": 4096, "N": 4096, "K": 4096})
+>>> decision = agent.optimize(task)                      # policy, hash, Gate 1
+>>> result = agent.execute(task, decision)               # Gate 1 again, run
+>>> result.metrics.label
+'PREDICTED (model)'
+
+``optimize`` and ``execute`` are separate so a decision can be inspected,
+logged, diffed, hand-written or loaded from JSON in between. ``execute`` checks
+every decision with Gate 1 whatever its origin, and never runs a rejected one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lib.baselines import Policy, ProportionalToPeak
+from lib.contract import Decision, TaskSpec
+from lib.execution import Backend, Result, get_backend
+from lib.machines import Machine, load_machine
+from lib.security import Verdict, check_decision
+from lib.telemetry import Snapshot
+
+
+class DecisionRejected(ValueError):
+    """Gate 1 refused a decision; ``verdict`` lists every violated check."""
+
+    def __init__(self, verdict: Verdict):
+        self.verdict = verdict
+        super().__init__(verdict.summary())
+
+
+class Agent:
+    """Decide and execute tasks on one machine.
+
+    Args:
+        policy: anything with ``decide(task, machine, telemetry) -> Decision``;
+            default proportional-to-peak until a trained policy ships.
+        machine: a profile name or a :class:`~lib.machines.Machine`.
+        backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
+        telemetry: live state handed to the policy and to Gate 1.
+        backend_options: passed to the backend (``seed``, ``repeats``...).
+    """
+
+    def __init__(self, policy: Policy | None = None,
+                 machine: str | Machine = "hetero-4",
+                 backend: str | Backend = "model",
+                 telemetry: Snapshot | None = None, **backend_options: Any):
+        self.policy = policy or ProportionalToPeak()
+        self.machine = load_machine(machine)
+        self.telemetry = telemetry
+        self._backend_spec = backend
+        self._backend_options = backend_options
+        self._backend: Backend | None = None if isinstance(backend, str) else backend
+
+    @property
+    def backend(self) -> Backend:
+        """The execution backend (created on first use)."""
+        if self._backend is None:
+            options = dict(self._backend_options)
+            if self._backend_spec == "model":
+                options.setdefault("telemetry", self.telemetry)
+            self._backend = get_backend(str(self._backend_spec), self.machine,
+                                        **options)
+        return self._backend
+
+    def validate(self, task: TaskSpec, decision: Any) -> Verdict:
+        """Gate 1 on ``decision`` for ``task`` on this machine (never raises)."""
+        return check_decision(decision, task, self.machine, self.telemetry)
+
+    def optimize(self, task: TaskSpec) -> Decision:
+        """The policy's decision for ``task``, hashed and accepted by Gate 1.
+
+        Raises:
+            DecisionRejected: the policy produced a decision Gate 1 refuses.
+        """
+        decision = self.policy.decide(task, self.machine, self.telemetry)
+        decision = decision.with_hash(task)
+        verdict = self.validate(task, decision)
+        if not verdict.accepted:
+            raise DecisionRejected(verdict)
+        return decision
+
+    def execute(self, task: TaskSpec, decision: Decision, *,
+                verify: bool = False) -> Result:
+        """Run ``decision`` after Gate 1 accepts it.
+
+        Raises:
+            DecisionRejected: Gate 1 refuses the decision (nothing runs).
+            lib.execution.ExecutionError: a device failed (no partial result).
+        """
+        verdict = self.validate(task, decision)
+        if not verdict.accepted:
+            raise DecisionRejected(verdict)
+        return self.backend.run(task, decision, verify=verify)
+
+    def close(self) -> None:
+        """Release the backend's workers or devices."""
+        if self._backend is not None:
+            self._backend.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,391 @@
+"""The five divisible workload classes: work counts, NumPy references, shards.
+
+Each class answers, for a :class:`~lib.contract.TaskSpec`:
+
+- :meth:`Workload.work` -- FLOP, bytes moved and memory needed by a shard of
+  ``rows`` rows of the divisible dimension (what the cost model and Gate 1 use);
+- :meth:`Workload.make_inputs` and :meth:`Workload.reference` -- seeded inputs
+  and the NumPy ground truth;
+- :meth:`Workload.shard_inputs`, :meth:`Workload.compute` and
+  :meth:`Workload.merge` -- how a share becomes a shard, what one device computes,
+  and how the partial results combine.
+
+Shard boundaries come from :func:`split_rows` (largest-remainder rounding), so
+shards cover the dimension exactly: no gap, no overlap.
+
+Host representation of dtypes: fp16 -> ``float16``; bf16 -> ``float32`` holding
+values rounded to bf16 (NumPy has no bfloat16); fp32 -> ``float32``; fp64 ->
+``float64``. Arithmetic on 16-bit inputs accumulates in fp32, as the kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lib.contract import TaskSpec
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """What one shard costs.
+
+    Attributes:
+        rows: rows/elements of the divisible dimension in the shard.
+        flops: floating-point operations.
+        mem_traffic: bytes read and written in device memory (roofline's Q).
+        bytes_in_rows: host-to-device bytes that scale with the shard's rows.
+        bytes_in_fixed: host-to-device bytes every shard needs whatever its size
+            (matmul's B, stencil halo rows).
+        bytes_out: device-to-host bytes of the shard's result.
+        footprint: device memory the shard needs (inputs, outputs, scratch).
+    """
+
+    rows: int
+    flops: float
+    mem_traffic: float
+    bytes_in_rows: float
+    bytes_in_fixed: float
+    bytes_out: float
+    footprint: float
+
+    @property
+    def bytes_in(self) -> float:
+        """All host-to-device bytes."""
+        return self.bytes_in_rows + self.bytes_in_fixed
+
+
+def split_rows(n: int, shares: Sequence[float]) -> list[tuple[int, int]]:
+    """Cut ``range(n)`` into contiguous ``[lo, hi)`` pieces proportional to shares.
+
+    Largest-remainder rounding: each piece gets ``floor(n * share)`` rows, then
+    the rows left over go one each to the largest fractional remainders (ties to
+    the lower index). Pieces are in order and cover ``[0, n)`` exactly.
+
+    Args:
+        n: size of the divisible dimension (>= 0).
+        shares: non-negative weights; they are normalised by their sum.
+    """
+    total = math.fsum(shares)
+    if total <= 0 or any(s < 0 for s in shares):
+        raise ValueError("shares must be non-negative with a positive sum")
+    exact = [n * s / total for s in shares]
+    rows = [int(math.floor(x)) for x in exact]
+    left = n - sum(rows)
+    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - rows[i]), i))
+    for i in order[:left]:
+        rows[i] += 1
+    bounds, lo = [], 0
+    for r in rows:
+        bounds.append((lo, lo + r))
+        lo += r
+    return bounds
+
+
+def host_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype that holds ``dtype`` on the host."""
+    return np.dtype({"fp16": np.float16, "bf16": np.float32, "fp32": np.float32,
+                     "fp64": np.float64}[dtype])
+
+
+def compute_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype arithmetic accumulates in (fp32 for 16-bit inputs)."""
+    return np.dtype(np.float64 if dtype == "fp64" else np.float32)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16 (ties to even), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
+             low: float = 0.0, high: float = 1.0) -> np.ndarray:
+    x = rng.uniform(low, high, size=shape).astype(np.float32 if dtype != "fp64"
+                                                 else np.float64)
+    if dtype == "bf16":
+        return round_bf16(x)
+    return x.astype(host_dtype(dtype))
+
+
+class Workload:
+    """Base class: one workload kind. Subclasses fill in the formulas."""
+
+    kind: ClassVar[str]
+    #: ``"compute"`` or ``"memory"``: which roofline limit usually binds.
+    bound: ClassVar[str]
+    #: one line for tables and the book.
+    summary: ClassVar[str]
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        raise NotImplementedError
+
+    def total_work(self, task: TaskSpec) -> ShardWork:
+        """The whole task as one shard."""
+        return self.work(task, task.split_size)
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        raise NotImplementedError
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        """Views of the inputs one shard needs (no copies)."""
+        raise NotImplementedError
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        """The shard's partial result, computed with NumPy."""
+        raise NotImplementedError
+
+    def merge(self, task: TaskSpec, partials: Sequence[np.ndarray]) -> np.ndarray:
+        """Combine partial results (in shard order)."""
+        if task.merge == "sum":
+            out = np.zeros_like(partials[0])
+            for p in partials:
+                out += p
+            return out
+        return np.concatenate(partials, axis=0)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def output_dtype(self, task: TaskSpec) -> np.dtype:
+        return host_dtype(task.dtype)
+
+    def reference(self, task: TaskSpec, inputs: Arrays) -> np.ndarray:
+        """The ground truth: the whole task as one shard."""
+        n = task.split_size
+        return self.compute(task, self.shard_inputs(task, inputs, 0, n), 0, n)
+
+    def tolerance(self, task: TaskSpec) -> tuple[float, float]:
+        """(rtol, atol) for verification: ``|out - ref| <= atol + rtol*max|ref|``."""
+        rtol = {"fp16": 1e-2, "bf16": 2e-2, "fp32": 1e-4, "fp64": 1e-10}[task.dtype]
+        return rtol, 0.0
+
+
+class Matmul(Workload):
+    """C[M,N] = A[M,K] B[K,N]; rows of A (and C) are split, B goes to every shard."""
+
+    kind = "matmul"
+    bound = "compute"
+    summary = "C = A B, rows of A split, C concatenated"
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        _, n, k = task.dims.values()
+        e = task.itemsize
+        return ShardWork(
+            rows=rows, flops=2.0 * rows * n * k,
+            mem_traffic=float(e * (rows * k + (k * n if rows else 0) + rows * n)),
+            bytes_in_rows=float(e * rows * k),
+            bytes_in_fixed=float(e * k * n) if rows else 0.0,
+            bytes_out=float(e * rows * n),
+            footprint=float(e * (rows * k + k * n + rows * n)) if rows else 0.0,
+        )
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        m, n, k = task.dims.values()
+        rng = np.random.default_rng(seed)
+        return {"A": _uniform(rng, (m, k), task.dtype, -1, 1),
+                "B": _uniform(rng, (k, n), task.dtype, -1, 1)}
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        return {"A": inputs["A"][lo:hi], "B": inputs["B"]}
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        acc = compute_dtype(task.dtype)
+        out = shard["A"].astype(acc, copy=False) @ shard["B"].astype(acc, copy=False)
+        return out.astype(self.output_dtype(task), copy=False)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        return (rows, task.dims["N"])
+
+    def tolerance(self, task: TaskSpec) -> tuple[float, float]:
+        rtol, atol = super().tolerance(task)
+        # K-term dot products: rounding grows with sqrt(K).
+        return rtol * max(1.0, math.sqrt(task.dims["K"]) / 8), atol
+
+
+class Reduce(Workload):
+    """sum(x[N]); each shard sums its slice, partial sums add up."""
+
+    kind = "reduce"
+    bound = "memory"
+    summary = "sum of x, slices summed per device, partial sums added"
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        e = task.itemsize
+        out = 8.0 if task.dtype == "fp64" else 4.0
+        return ShardWork(rows=rows, flops=float(rows), mem_traffic=float(e * rows),
+                         bytes_in_rows=float(e * rows), bytes_in_fixed=0.0,
+                         bytes_out=out if rows else 0.0,
+                         footprint=float(e * rows + 4096) if rows else 0.0)
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        rng = np.random.default_rng(seed)
+        return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        return {"x": inputs["x"][lo:hi]}
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        total = np.sum(shard["x"], dtype=np.float64)
+        return np.array([total], dtype=self.output_dtype(task))
+
+    def output_dtype(self, task: TaskSpec) -> np.dtype:
+        return np.dtype(np.float64 if task.dtype == "fp64" else np.float32)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        return (1,)
+
+    def tolerance(self, task: TaskSpec) -> tuple[float, float]:
+        return (1e-10 if task.dtype == "fp64" else 1e-5), 0.0
+
+
+class Elementwise(Workload):
+    """out = a*x + y (saxpy-like, a = 2.5); slices concatenated."""
+
+    kind = "elementwise"
+    bound = "memory"
+    summary = "out = a x + y, slices concatenated"
+    A = 2.5
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        e = task.itemsize
+        return ShardWork(rows=rows, flops=2.0 * rows, mem_traffic=3.0 * e * rows,
+                         bytes_in_rows=2.0 * e * rows, bytes_in_fixed=0.0,
+                         bytes_out=float(e * rows), footprint=3.0 * e * rows)
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        rng = np.random.default_rng(seed)
+        n = task.dims["N"]
+        return {"x": _uniform(rng, (n,), task.dtype, -1, 1),
+                "y": _uniform(rng, (n,), task.dtype, -1, 1)}
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        return {"x": inputs["x"][lo:hi], "y": inputs["y"][lo:hi]}
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        acc = compute_dtype(task.dtype)
+        out = acc.type(self.A) * shard["x"].astype(acc) + shard["y"].astype(acc)
+        return out.astype(self.output_dtype(task), copy=False)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        return (rows,)
+
+
+class Stencil(Workload):
+    """T Jacobi sweeps of the 5-point stencil on an HxW grid, edges held fixed.
+
+    A shard of rows ``[lo, hi)`` is computed on the band ``[lo - T, hi + T)``
+    (clipped to the grid): after T sweeps the error from the band's artificial
+    edges has travelled at most T rows, so the shard's own rows are exact.
+    """
+
+    kind = "stencil"
+    bound = "memory"
+    summary = "T Jacobi sweeps, row bands with T halo rows each side"
+
+    def _band(self, task: TaskSpec, lo: int, hi: int) -> tuple[int, int]:
+        h, _, t = task.dims.values()
+        return max(0, lo - t), min(h, hi + t)
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        h, w, t = task.dims.values()
+        e = task.itemsize
+        if rows == 0:
+            return ShardWork(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        halo = min(2 * t, h - rows)
+        band = rows + halo
+        return ShardWork(
+            rows=rows, flops=5.0 * band * w * t, mem_traffic=2.0 * e * band * w * t,
+            bytes_in_rows=float(e * rows * w), bytes_in_fixed=float(e * halo * w),
+            bytes_out=float(e * rows * w), footprint=2.0 * e * band * w,
+        )
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        h, w, _ = task.dims.values()
+        return {"u": _uniform(np.random.default_rng(seed), (h, w), task.dtype)}
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        a, b = self._band(task, lo, hi)
+        return {"u": inputs["u"][a:b]}
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        a, _ = self._band(task, lo, hi)
+        acc = compute_dtype(task.dtype)
+        u = shard["u"].astype(acc)
+        nxt = u.copy()
+        for _ in range(task.dims["T"]):
+            nxt[1:-1, 1:-1] = acc.type(0.25) * (u[:-2, 1:-1] + u[2:, 1:-1]
+                                                + u[1:-1, :-2] + u[1:-1, 2:])
+            u, nxt = nxt, u
+        return u[lo - a:hi - a].astype(self.output_dtype(task), copy=False)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        return (rows, task.dims["W"])
+
+
+class Histogram(Workload):
+    """Counts of x[N] in B equal bins over [0, 1); per-device counts add up."""
+
+    kind = "histogram"
+    bound = "memory"
+    summary = "B-bin histogram, slices counted per device, counts added"
+
+    def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        e = task.itemsize
+        bins = task.dims["B"]
+        return ShardWork(rows=rows, flops=3.0 * rows,
+                         mem_traffic=float(e * rows + 4 * bins),
+                         bytes_in_rows=float(e * rows), bytes_in_fixed=0.0,
+                         bytes_out=4.0 * bins if rows else 0.0,
+                         footprint=float(e * rows + 4 * bins) if rows else 0.0)
+
+    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        rng = np.random.default_rng(seed)
+        return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
+
+    def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
+        return {"x": inputs["x"][lo:hi]}
+
+    def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
+        bins = task.dims["B"]
+        x = shard["x"].astype(np.float32)
+        idx = np.clip((x * np.float32(bins)).astype(np.int64), 0, bins - 1)
+        return np.bincount(idx, minlength=bins).astype(np.int64)
+
+    def output_dtype(self, task: TaskSpec) -> np.dtype:
+        return np.dtype(np.int64)
+
+    def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
+        return (task.dims["B"],)
+
+    def tolerance(self, task: TaskSpec) -> tuple[float, float]:
+        return 0.0, 0.0
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.kind: w for w in (Matmul(), Reduce(), Elementwise(), Stencil(), Histogram())
+}
+
+
+def workload(kind_or_task: str | TaskSpec) -> Workload:
+    """The :class:`Workload` for a kind name or a task."""
+    kind = kind_or_task.kind if isinstance(kind_or_task, TaskSpec) else kind_or_task
+    return WORKLOADS[kind]
+
+
+def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, float]:
+    """Compare a result with the reference: ``(within tolerance, max abs error)``."""
+    if out.shape != ref.shape:
+        return False, math.inf
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    err = float(diff.max()) if diff.size else 0.0
+    rtol, atol = workload(task).tolerance(task)
+    scale = float(np.abs(ref.astype(np.float64)).max()) if ref.size else 0.0
+    return err <= atol + rtol * scale, err

@@ -1,0 +1,121 @@
+"""The gpuhive command: the walking skeleton's acceptance commands, for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def gpuhive(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lib.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_explain_gives_the_t4_less_than_the_h100():
+    p = gpuhive("explain", "--kind", "matmul", "--dim", "M=8192", "--dim", "N=8192",
+                "--dim", "K=8192", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    shares = dict(zip(out["decision"]["gpus"], out["decision"]["shares"],
+                      strict=True))
+    assert shares[3] < shares[0]
+    assert out["prediction"]["label"] == "PREDICTED"
+    assert len(out["prediction"]["devices"]) == 4
+
+
+def test_explain_text_prints_the_breakdown():
+    p = gpuhive("explain", "--kind", "matmul", "--dim", "M=8192", "--dim", "N=8192",
+                "--dim", "K=8192")
+    assert p.returncode == 0
+    assert "PREDICTED breakdown" in p.stdout and "3:T4" in p.stdout
+    assert "PREDICTED total" in p.stdout
+
+
+def test_run_on_local_cpu_measures_and_verifies():
+    p = gpuhive("run", "--kind", "reduce", "--dim", "N=4194304", "--machine",
+                "local-cpu", "--backend", "cpu", "--verify")
+    assert p.returncode == 0, p.stderr
+    assert "verified true" in p.stdout
+    device_lines = [x for x in p.stdout.splitlines() if "CPU core" in x]
+    assert device_lines and all(x.rstrip().endswith("MEASURED") for x in device_lines)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--kind", "matmul", "--dim", "M=-1", "--dim", "N=4", "--dim", "K=4"],
+     "dims.M"),
+    (["run", "--kind", "matmul", "--dim", "M=4"], "dims.N: missing"),
+    (["run", "--kind", "reduce", "--dim", "N=abc"], "not an integer"),
+    (["explain", "--kind", "reduce", "--dim", "N=8", "--machine", "mars"],
+     "unknown machine 'mars'"),
+    (["run", "--kind", "reduce", "--dim", "N=8", "--backend", "cuda"], "cuda"),
+    (["run", "--kind", "fft"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    p = gpuhive(*args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"gpus": [0], "shares": [1.0], "chunk": 1.5, "block": 256, "mode": "single",'
+     ' "comm_path": "host"}', "chunk"),
+    ('{"gpus": [0], "shares": [NaN]', "json"),
+    ("not json at all", "json"),
+])
+def test_malformed_decision_file_is_one_line_and_exit_2(tmp_path, content, needle):
+    f = tmp_path / "decision.json"
+    f.write_text(content)
+    p = gpuhive("run", "--kind", "reduce", "--dim", "N=100", "--decision", str(f))
+    assert p.returncode == 2 and needle in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_hand_written_decision_runs_with_rehash(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps({"gpus": [3, 0], "shares": [0.9, 0.1], "chunk": 1024,
+                             "block": 128, "mode": "split", "comm_path": "host"}))
+    p = gpuhive("run", "--kind", "reduce", "--dim", "N=1024", "--decision", str(f))
+    assert p.returncode == 2 and "integrity.missing_hash" in p.stderr
+    p = gpuhive("run", "--kind", "reduce", "--dim", "N=1024", "--decision", str(f),
+                "--rehash", "--verify", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["metrics"]["verified"] is True
+
+
+def test_validate_exit_codes(tmp_path):
+    task = tmp_path / "t.json"
+    task.write_text(json.dumps({"kind": "reduce", "dims": {"N": 1000},
+                                "dtype": "fp32", "divisible_dim": 0,
+                                "merge": "sum"}))
+    dec = tmp_path / "d.json"
+    dec.write_text(json.dumps({"gpus": [0, 0], "shares": [0.5, 0.6], "chunk": 1000,
+                               "block": 256, "mode": "split", "comm_path": "host"}))
+    p = gpuhive("validate", str(dec), "--task", str(task), "--json")
+    assert p.returncode == 1
+    checks = {v["check"] for v in json.loads(p.stdout)["violations"]}
+    assert {"contract.duplicate_device", "contract.share_sum"} <= checks
+    p = gpuhive("validate", str(tmp_path / "missing.json"), "--task", str(task))
+    assert p.returncode == 2
+
+
+def test_doctor_reports_backends():
+    p = gpuhive("doctor", "--json")
+    assert p.returncode == 0
+    out = json.loads(p.stdout)
+    assert out["backends"]["cpu"]["real"] is True
+    assert out["backends"]["model"]["real"] is False
+    assert "hetero-4" in out["machines"]
+    if not out["backends"]["cuda"]["real"]:
+        assert out["cuda_reasons"] and out["missing"]["driver"]
+
+
+def test_help_lists_the_commands():
+    p = gpuhive("--help")
+    assert p.returncode == 0
+    for cmd in ("doctor", "explain", "run", "validate", "book"):
+        assert cmd in p.stdout

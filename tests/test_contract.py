@@ -1,0 +1,191 @@
+"""The contract: JSON forms, strict parsing, the hash, the state encoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lib.contract import (
+    DEVICE_FEATURES,
+    STATE_DIM,
+    STATE_FIELDS,
+    TASK_FEATURES,
+    ContractError,
+    Decision,
+    TaskSpec,
+    config_hash,
+    encode_state,
+)
+from lib.telemetry import busy
+
+TASK_JSON = {"kind": "matmul", "dims": {"M": 8192, "N": 8192, "K": 8192},
+             "dtype": "fp32", "divisible_dim": 0, "merge": "concat"}
+DECISION_JSON = {"gpus": [0, 2], "shares": [0.75, 0.25], "chunk": 4096, "block": 256,
+                 "mode": "split", "comm_path": "host"}
+
+
+def test_task_json_round_trip_is_exact():
+    task = TaskSpec.from_json(json.dumps(TASK_JSON))
+    assert task.to_json() == TASK_JSON
+    assert TaskSpec.from_json(task.to_json()) == task
+    assert task.split_name == "M" and task.split_size == 8192
+
+
+def test_decision_json_round_trip_is_exact():
+    task = TaskSpec.from_json(TASK_JSON)
+    d = Decision.from_json(DECISION_JSON).with_hash(task)
+    again = Decision.from_json(json.dumps(d.to_json()))
+    assert again == d
+    assert again.to_json() == {**DECISION_JSON, "config_hash": d.config_hash}
+
+
+def test_config_hash_is_sha256_of_the_documented_text():
+    task = TaskSpec.from_json(TASK_JSON)
+    d = Decision.from_json(DECISION_JSON)
+    text = json.dumps({"task": TASK_JSON, "decision": DECISION_JSON},
+                      sort_keys=True, separators=(",", ":"))
+    assert config_hash(task, d) == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_config_hash_changes_with_any_field():
+    task = TaskSpec.from_json(TASK_JSON)
+    base = config_hash(task, Decision.from_json(DECISION_JSON))
+    for field, value in [("shares", [0.7500000001, 0.2499999999]), ("block", 128),
+                         ("chunk", 4095), ("gpus", [0, 1]), ("mode", "pipelined"),
+                         ("comm_path", "p2p")]:
+        other = Decision.from_json({**DECISION_JSON, field: value})
+        assert config_hash(task, other) != base, field
+    bigger = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8193})
+    assert config_hash(bigger, Decision.from_json(DECISION_JSON)) != base
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"priority": 1}, "decision.priority"),
+    ({"chunk": True}, "chunk"),
+    ({"block": 256.0}, "block"),
+    ({"gpus": "0,2"}, "gpus"),
+    ({"gpus": [0, 2.0]}, "gpus[1]"),
+    ({"shares": [0.75, False]}, "shares[1]"),
+    ({"shares": [0.75, "0.25"]}, "shares[1]"),
+    ({"mode": "turbo"}, "mode"),
+    ({"comm_path": 3}, "comm_path"),
+    ({"config_hash": "xyz"}, "config_hash"),
+    ({"gpus": []}, "gpus"),
+    ({"chunk": 0}, "chunk"),
+])
+def test_decision_parsing_names_the_field(patch, field):
+    with pytest.raises(ContractError) as info:
+        Decision.from_json({**DECISION_JSON, **patch})
+    assert info.value.field == field
+    assert str(info.value).startswith(field)
+
+
+def test_missing_field_is_named():
+    bad = {k: v for k, v in DECISION_JSON.items() if k != "block"}
+    with pytest.raises(ContractError, match="decision.block: missing"):
+        Decision.from_json(bad)
+
+
+@pytest.mark.parametrize("text", [
+    '{"gpus":[0],"shares":[NaN],"chunk":1,"block":32,"mode":"single","comm_path":"host"}',
+    '{"gpus":[0],"shares":[Infinity],"chunk":1,"block":32,"mode":"single",'
+    '"comm_path":"host"}',
+    '{"gpus":[0],"gpus":[1],"shares":[1.0],"chunk":1,"block":32,"mode":"single",'
+    '"comm_path":"host"}',
+    '{"gpus": [0,',
+    '[1, 2]',
+])
+def test_bad_json_text_is_refused(text):
+    with pytest.raises(ContractError):
+        Decision.from_json(text)
+
+
+def test_python_nan_share_is_refused():
+    with pytest.raises(ContractError, match=r"shares\[0\]: must be finite"):
+        Decision.from_json({**DECISION_JSON, "shares": [float("nan"), 0.25]})
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"kind": "fft"}, "kind"),
+    ({"dims": {"M": -1, "N": 3, "K": 3}}, "dims.M"),
+    ({"dims": {"M": 1.5, "N": 3, "K": 3}}, "dims.M"),
+    ({"dims": {"M": 2, "N": 3}}, "dims.K"),
+    ({"dims": {"M": 2, "N": 3, "K": 3, "Q": 1}}, "dims.Q"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"merge": "max"}, "merge"),
+    ({"merge": "sum"}, "divisible_dim"),
+    ({"divisible_dim": 5}, "divisible_dim"),
+    ({"divisible_dim": True}, "divisible_dim"),
+    ({"dims": [1, 2, 3]}, "dims"),
+])
+def test_task_parsing_names_the_field(patch, field):
+    with pytest.raises(ContractError) as info:
+        TaskSpec.from_json({**TASK_JSON, **patch})
+    assert info.value.field == field
+
+
+def test_kind_limits():
+    with pytest.raises(ContractError, match="dims.B"):
+        TaskSpec("histogram", {"N": 10, "B": 5000})
+    with pytest.raises(ContractError, match="dims.T"):
+        TaskSpec("stencil", {"H": 10, "W": 10, "T": 0})
+    assert TaskSpec("reduce", {"N": 10}).merge == "sum"
+
+
+valid_decisions = st.builds(
+    lambda g, s, c, b, m, p: {"gpus": g, "shares": s, "chunk": c, "block": b,
+                              "mode": m, "comm_path": p},
+    st.lists(st.integers(0, 63), min_size=1, max_size=8),
+    st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=8),
+    st.integers(1, 2**40), st.integers(1, 1 << 16),
+    st.sampled_from(["single", "split", "pipelined"]),
+    st.sampled_from(["host", "p2p", "nccl"]),
+)
+
+
+@given(valid_decisions)
+def test_any_well_formed_decision_round_trips(obj):
+    d = Decision.from_json(json.dumps(obj))
+    assert Decision.from_json(json.dumps(d.to_json())) == d
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
+                    | st.text(max_size=5),
+                    lambda kids: st.lists(kids, max_size=3)
+                    | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                    max_leaves=12))
+def test_parsing_arbitrary_values_raises_only_contract_errors(value):
+    for parse in (Decision.from_json, TaskSpec.from_json):
+        try:
+            parse(value if not isinstance(value, str) else json.dumps(value))
+        except ContractError:
+            pass
+
+
+def test_state_encoding_layout(hetero4):
+    task = TaskSpec.from_json(TASK_JSON)
+    x = encode_state(task, hetero4)
+    assert x.shape == (STATE_DIM,) and x.dtype == np.float32
+    assert len(STATE_FIELDS) == STATE_DIM == TASK_FEATURES + 8 * DEVICE_FEATURES
+    assert x[0] == 1.0 and x[1:5].sum() == 0  # kind one-hot: matmul
+    names = [name for name, _ in STATE_FIELDS]
+    assert x[names.index("dev3.present")] == 1.0
+    assert x[names.index("dev4.present")] == 0.0
+    peak = [x[names.index(f"dev{i}.peak_frac")] for i in range(4)]
+    assert peak[0] > peak[3] and abs(sum(peak) - 1) < 1e-6
+    assert np.isfinite(x).all()
+
+
+def test_state_encoding_reads_telemetry(hetero4):
+    task = TaskSpec.from_json(TASK_JSON)
+    snap = busy(hetero4, [0.0, 0.5, 0.0, 0.0], healthy=[True, True, True, False])
+    x = encode_state(task, hetero4, snap)
+    names = [name for name, _ in STATE_FIELDS]
+    assert x[names.index("dev1.util")] == pytest.approx(0.5)
+    assert x[names.index("dev3.healthy")] == 0.0
+    assert x[names.index("dev0.healthy")] == 1.0

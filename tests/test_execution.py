@@ -1,0 +1,124 @@
+"""Backends: the model predicts, the cpu workers measure, failures are named."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from lib.baselines import EqualSplit
+from lib.contract import Decision, TaskSpec
+from lib.execution import (
+    BackendUnavailable,
+    CpuBackend,
+    DeviceError,
+    ExecutionError,
+    get_backend,
+)
+
+SMALL = {
+    "matmul": {"M": 203, "N": 64, "K": 48},
+    "reduce": {"N": 1_000_003},
+    "elementwise": {"N": 100_001},
+    "stencil": {"H": 129, "W": 33, "T": 4},
+    "histogram": {"N": 200_003, "B": 97},
+}
+
+
+@pytest.fixture(scope="module")
+def cpu(local_cpu):
+    with CpuBackend(local_cpu, seed=1) as backend:
+        yield backend
+
+
+def test_model_backend_predicts_and_verifies(hetero4):
+    task = TaskSpec("reduce", {"N": 1 << 20})
+    d = EqualSplit().decide(task, hetero4).with_hash(task)
+    r = get_backend("model", hetero4).run(task, d, verify=True)
+    assert r.metrics.measured is False and r.metrics.label == "PREDICTED (model)"
+    assert r.metrics.verified is True and r.output is not None
+    assert set(r.metrics.per_device_seconds) == {0, 1, 2, 3}
+    lazy = get_backend("model", hetero4).run(task, d)
+    assert lazy.output is None and lazy.metrics.verified is None
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_cpu_backend_measures_and_verifies(cpu, local_cpu, kind):
+    task = TaskSpec(kind, SMALL[kind])
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    r = cpu.run(task, d, verify=True)
+    assert r.metrics.measured and r.metrics.label == "MEASURED (cpu)"
+    assert r.metrics.verified, r.metrics.max_abs_error
+    assert set(r.metrics.per_device_seconds) == set(d.gpus)
+    assert all(t > 0 for t in r.metrics.per_device_seconds.values())
+    assert r.metrics.total_seconds >= max(r.metrics.per_device_seconds.values())
+
+
+def test_cpu_backend_uneven_shares_and_zero_share(cpu, local_cpu):
+    task = TaskSpec("matmul", SMALL["matmul"])
+    gpus = tuple(range(local_cpu.n))
+    shares = (1.0,) + (0.0,) * (local_cpu.n - 1)
+    d = Decision(gpus=gpus, shares=shares, chunk=203,
+                 mode="split" if len(gpus) > 1 else "single").with_hash(task)
+    r = cpu.run(task, d, verify=True)
+    assert r.metrics.verified and list(r.metrics.per_device_seconds) == [0]
+
+
+def test_repeats_give_medians(local_cpu):
+    task = TaskSpec("elementwise", {"N": 50_000})
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    with CpuBackend(local_cpu, repeats=3, warmup=1) as b:
+        r = b.run(task, d)
+    assert r.metrics.repeats == 3 and len(r.detail["all_totals"]) == 3
+
+
+def test_failing_worker_names_device_shard_and_hash(local_cpu):
+    task = TaskSpec("reduce", {"N": 10_000})
+    last = local_cpu.n - 1
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    with CpuBackend(local_cpu, fault_devices={last}) as b:
+        with pytest.raises(DeviceError) as info:
+            b.run(task, d)
+    err = info.value
+    assert err.device == last and err.shard == d.gpus.index(last)
+    assert d.config_hash[:12] in str(err) and "injected fault" in str(err)
+    assert f"CPU core {last}" in str(err)
+
+
+def test_killed_worker_is_an_error_not_a_partial_result(local_cpu):
+    task = TaskSpec("reduce", {"N": 10_000})
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    with CpuBackend(local_cpu) as b:
+        b.run(task, d)  # workers up
+        victim = b.workers[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(5)
+        b.start = lambda: None  # keep the dead pool: the run must notice it
+        with pytest.raises(DeviceError, match="device 0:CPU core 0 failed on shard 0"):
+            b.run(task, d)
+
+
+def test_cpu_backend_refuses_gpu_profiles(hetero4):
+    with pytest.raises(BackendUnavailable, match="non-CPU devices"):
+        get_backend("cpu", hetero4)
+
+
+def test_cpu_backend_refuses_missing_device(cpu):
+    task = TaskSpec("reduce", {"N": 100})
+    with pytest.raises(ExecutionError, match="device 9 does not exist"):
+        cpu.run(task, Decision(gpus=(9,), shares=(1.0,), chunk=100))
+
+
+def test_cuda_backend_says_why(hetero4):
+    from lib.execution.cuda import probe
+
+    if probe().usable:
+        pytest.skip("a CUDA stack is present")
+    with pytest.raises(BackendUnavailable, match="cuda backend unavailable: "):
+        get_backend("cuda", hetero4)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        get_backend("tpu", None)

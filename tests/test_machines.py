@@ -1,0 +1,84 @@
+"""Machine profiles: shipped profiles, provenance, errors that name the thing."""
+
+from __future__ import annotations
+
+import pytest
+
+from lib.machines import (
+    GPU_CATALOG,
+    MachineError,
+    list_machines,
+    load_machine,
+    machine_from_json,
+)
+
+
+def test_shipped_profiles_exist():
+    names = list_machines()
+    for name in ("hetero-4", "uni-server-1gpu", "uni-server-2gpu-induced",
+                 "local-cpu", "nvml"):
+        assert name in names
+
+
+def test_hetero4_is_genuinely_heterogeneous_with_mixed_topology(hetero4):
+    assert hetero4.n == 4 and hetero4.simulated and not hetero4.induced
+    assert len({d.name for d in hetero4.devices}) == 4
+    kinds = {link.kind for link in hetero4.peers.values()}
+    assert "nvlink" in kinds and any(k.startswith("pcie") for k in kinds)
+    assert hetero4.peer(0, 3) is None and hetero4.peer(1, 0) is hetero4.peer(0, 1)
+    # genuinely different cards: how much faster one is depends on the kernel
+    h100, t4 = hetero4.devices[0], hetero4.devices[3]
+    fp32_ratio = h100.peak_fp32 / t4.peak_fp32
+    bw_ratio = h100.mem_bw / t4.mem_bw
+    bf16_ratio = h100.peak_flops("bf16") / t4.peak_flops("bf16")
+    assert abs(bw_ratio / fp32_ratio - 1) > 0.2 and bf16_ratio > 5 * fp32_ratio
+
+
+def test_every_number_is_tagged(hetero4):
+    rows = hetero4.provenance_table()
+    assert rows and all(r["provenance"] in ("measured", "estimated") for r in rows)
+    assert all(r["note"] for r in rows)
+
+
+def test_induced_profile_scales_compute_and_memory_together():
+    m = load_machine("uni-server-2gpu-induced")
+    a, b = m.devices
+    assert m.induced and a.name == b.name
+    assert b.peak_fp32 / a.peak_fp32 == pytest.approx(b.mem_bw / a.mem_bw)
+    assert b.peak_fp32 < a.peak_fp32
+    assert "induced" in b.notes["peak_fp32"]
+
+
+def test_one_gpu_profile():
+    assert load_machine("uni-server-1gpu").n == 1
+
+
+def test_local_cpu_is_real(local_cpu):
+    assert not local_cpu.simulated and "cpu" in local_cpu.real_backends
+    assert all(d.kind == "cpu" for d in local_cpu.devices)
+
+
+def test_catalog_matches_datasheet_figures():
+    assert GPU_CATALOG["H100 SXM"][0] == pytest.approx(66.9e12)
+    assert GPU_CATALOG["T4"][3] == 0.0  # T4 has no BF16 tensor path
+    assert GPU_CATALOG["A100 80GB SXM"][5] == pytest.approx(2039e9)
+
+
+def test_unknown_machine_lists_known_ones():
+    with pytest.raises(MachineError, match="unknown machine 'nope'.*hetero-4"):
+        load_machine("nope")
+
+
+def test_nvml_without_driver_says_why():
+    try:
+        load_machine("nvml")
+    except MachineError as exc:
+        assert str(exc).startswith("nvml:")
+
+
+def test_malformed_profile_is_named():
+    with pytest.raises(MachineError, match="profile broken"):
+        machine_from_json({"name": "broken", "devices": [{"model": "x"}]})
+    with pytest.raises(MachineError, match="peer link 0-5"):
+        machine_from_json({"name": "p", "devices": [{"catalog": "T4"}],
+                           "peers": [{"a": 0, "b": 5, "kind": "nvlink"}]})

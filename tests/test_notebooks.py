@@ -1,0 +1,57 @@
+"""Smoke runs of every notebook through papermill (budget="smoke").
+
+Each run executes the notebook as `make book` would, with figures and records
+sent to a temporary folder, then checks the recorded headline numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lib.bookbuild import execute_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("m*.ipynb"))
+
+pytestmark = pytest.mark.notebook
+
+
+@pytest.fixture
+def book_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHIVE_RECORD_DIR", str(tmp_path / "records"))
+    monkeypatch.setenv("GPUHIVE_FIGURES_DIR", str(tmp_path / "figures"))
+    return tmp_path
+
+
+def _smoke(nb: Path, tmp: Path, machine: str = "hetero-4", backend: str = "model"):
+    execute_notebook(nb, tmp / "out" / nb.name, machine=machine, backend=backend,
+                     budget="smoke", seed=0, cwd=ROOT, timeout=600)
+    record = json.loads((tmp / "records" / f"{nb.stem}.json").read_text())
+    figures = sorted((tmp / "figures" / machine).glob(f"{nb.stem[:3]}*.png"))
+    return record, figures
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
+def test_notebook_smoke_run(book_env, nb):
+    record, figures = _smoke(nb, book_env)
+    assert record["machine"] == "hetero-4" and record["budget"] == "smoke"
+    assert figures, f"{nb.stem} saved no figure under figures/hetero-4/"
+    values = record["values"]
+    if nb.stem == "m01-contract":
+        assert values["hash_matches"] and values["round_trip"]
+        assert values["parse_errors_caught"] == values["parse_cases"]
+        assert values["predicted_speedup_proportional_over_equal"] > 1.0
+    if nb.stem == "m08-execution":
+        assert values["run_verified"] and values["cpu_verified"]
+        assert values["run_label"] == "PREDICTED (model)"
+        assert values["cpu_measured"] and values["failure_caught"]
+
+
+def test_execution_notebook_on_local_cpu_measures(book_env):
+    nb = ROOT / "notebooks" / "m08-execution.ipynb"
+    record, figures = _smoke(nb, book_env, machine="local-cpu", backend="cpu")
+    assert record["backend"] == "cpu" and figures
+    assert record["values"]["run_verified"] and record["values"]["run_measured"]

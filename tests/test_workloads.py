@@ -1,0 +1,107 @@
+"""Workloads: exact shard cover, references, shard-and-merge equals reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib.contract import TaskSpec
+from lib.workloads import WORKLOADS, round_bf16, split_rows, verify, workload
+
+
+@given(st.integers(0, 10**7),
+       st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=9)
+       .filter(lambda s: sum(s) > 0))
+def test_split_rows_covers_exactly(n, shares):
+    bounds = split_rows(n, shares)
+    assert len(bounds) == len(shares)
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    for (_, hi), (lo, _) in zip(bounds, bounds[1:], strict=False):
+        assert hi == lo  # no gap, no overlap
+    total = sum(shares)
+    for (lo, hi), s in zip(bounds, shares, strict=True):
+        assert hi >= lo
+        assert abs((hi - lo) - n * s / total) < 1.0 + 1e-9
+
+
+def test_split_rows_largest_remainder():
+    assert split_rows(10, [1, 1, 1]) == [(0, 4), (4, 7), (7, 10)]
+    assert split_rows(7, [0.5, 0.0, 0.5]) == [(0, 4), (4, 4), (4, 7)]
+    with pytest.raises(ValueError):
+        split_rows(5, [0.0, 0.0])
+
+
+SMALL = {
+    "matmul": {"M": 37, "N": 19, "K": 23},
+    "reduce": {"N": 10007},
+    "elementwise": {"N": 1001},
+    "stencil": {"H": 41, "W": 17, "T": 3},
+    "histogram": {"N": 5003, "B": 13},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WORKLOADS))
+@pytest.mark.parametrize("dtype", ["fp32", "fp64", "fp16", "bf16"])
+def test_shards_merge_to_the_reference(kind, dtype):
+    task = TaskSpec(kind, SMALL[kind], dtype=dtype)
+    w = workload(task)
+    inputs = w.make_inputs(task, seed=3)
+    ref = w.reference(task, inputs)
+    for shares in ([1.0], [0.5, 0.5], [0.6, 0.0, 0.3, 0.1], [0.01, 0.99]):
+        parts = [w.compute(task, w.shard_inputs(task, inputs, lo, hi), lo, hi)
+                 for lo, hi in split_rows(task.split_size, shares) if hi > lo]
+        ok, err = verify(task, w.merge(task, parts), ref)
+        assert ok, (kind, dtype, shares, err)
+
+
+def test_verify_catches_a_wrong_answer():
+    task = TaskSpec("stencil", SMALL["stencil"])
+    w = workload(task)
+    inputs = w.make_inputs(task)
+    ref = w.reference(task, inputs)
+    bad = ref.copy()
+    bad[5, 5] += 1e-2
+    assert verify(task, bad, ref) == (False, pytest.approx(1e-2, rel=1e-3))
+    assert not verify(task, ref[:-1], ref)[0]
+
+
+def test_stencil_halo_is_needed():
+    """Without halo rows a band's edge rows would be wrong: the halo matters."""
+    task = TaskSpec("stencil", {"H": 30, "W": 12, "T": 4})
+    w = workload(task)
+    u = w.make_inputs(task)["u"]
+    ref = w.reference(task, {"u": u})
+    no_halo = w.compute(TaskSpec("stencil", {"H": 15, "W": 12, "T": 4}),
+                        {"u": u[:15]}, 0, 15)
+    assert not np.allclose(no_halo[-1], ref[14])
+    assert np.allclose(w.compute(task, w.shard_inputs(task, {"u": u}, 0, 15), 0, 15),
+                       ref[:15])
+
+
+def test_reference_values_by_hand():
+    task = TaskSpec("histogram", {"N": 6, "B": 4})
+    x = np.array([0.0, 0.24, 0.25, 0.99, 1.0, 0.5], dtype=np.float32)
+    assert workload(task).reference(task, {"x": x}).tolist() == [2, 1, 1, 2]
+    task = TaskSpec("elementwise", {"N": 2})
+    out = workload(task).reference(task, {"x": np.array([1, 2], np.float32),
+                                          "y": np.array([1, 1], np.float32)})
+    assert out.tolist() == [3.5, 6.0]
+
+
+@settings(max_examples=50)
+@given(st.floats(-float(np.float32(1e30)), float(np.float32(1e30)), width=32))
+def test_bf16_rounding_keeps_8_bits(v):
+    r = round_bf16(np.array([v], dtype=np.float32))
+    assert (r.view(np.uint32) & 0xFFFF).item() == 0
+    assert abs(float(r[0]) - v) <= abs(v) * 2**-8 + 1e-38
+
+
+def test_work_counts():
+    task = TaskSpec("matmul", {"M": 100, "N": 50, "K": 20})
+    w = workload(task).work(task, 10)
+    assert w.flops == 2 * 10 * 50 * 20
+    assert w.bytes_in_rows == 4 * 10 * 20 and w.bytes_in_fixed == 4 * 20 * 50
+    assert w.bytes_out == 4 * 10 * 50
+    assert workload(task).work(task, 0).footprint == 0
