@@ -138,16 +138,64 @@ class Prediction:
         }
 
 
+def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
+                   params: CostParams = _DEFAULT,
+                   telemetry: Snapshot | None = None) -> tuple[float, float]:
+    """The two roofline limits of ``work`` on device ``i``, each / (1 - u).
+
+    Returns:
+        ``(flops / (F_i e_k), bytes / (B_i e'_k))``, both stretched by the live
+        utilisation; the compute time is their maximum.
+    """
+    dev = machine.devices[i]
+    slow = telemetry.slowdown(i) if telemetry is not None else 1.0
+    return (work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind))
+            * slow,
+            work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind))
+            * slow)
+
+
 def compute_seconds(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
                     params: CostParams = _DEFAULT,
                     telemetry: Snapshot | None = None) -> float:
     """Roofline time of ``work`` on device ``i``: max(compute, memory) / (1 - u)."""
-    dev = machine.devices[i]
     if work.rows == 0:
         return 0.0
-    t = max(work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind)),
-            work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind)))
-    return t * (telemetry.slowdown(i) if telemetry is not None else 1.0)
+    return max(roofline_terms(task, work, machine, i, params, telemetry))
+
+
+def split_time_coefficients(task: TaskSpec, machine: Machine, i: int,
+                            params: CostParams | None = None,
+                            telemetry: Snapshot | None = None,
+                            copy_out: bool = True) -> tuple[float, ...]:
+    """Device ``i``'s split-mode finish time as a function of its rows ``r > 0``.
+
+    Every term of Eq. (1) is affine in ``r`` (work counts are linear in rows plus
+    a fixed part), so ``t_i(r) = a + b r + max(c + d r, e + f r)``: transfers and
+    launch, then the roofline's compute and memory limits. The coefficients are
+    read off the model itself at ``r = 1`` and ``r = 2``, not restated.
+
+    Returns:
+        ``(a, b, c, d, e, f)`` in seconds and seconds per row.
+    """
+    params = params or _DEFAULT
+    w = workload(task)
+    dev = machine.devices[i]
+    link = machine.host_link(i)
+    bw = link.bandwidth * params.link_scale.get(dev.kind, 1.0)
+    launch = params.launch_s.get(dev.kind, 5e-6)
+
+    def parts(rows: int) -> tuple[float, float, float]:
+        work = w.work(task, rows)
+        xfer = launch + transfer_seconds(work.bytes_in, bw, link.latency)
+        if copy_out:
+            xfer += transfer_seconds(work.bytes_out, bw, link.latency)
+        return (xfer, *roofline_terms(task, work, machine, i, params, telemetry))
+
+    one, two = parts(1), parts(2)
+    slopes = [y - x for x, y in zip(one, two, strict=True)]
+    return (one[0] - slopes[0], slopes[0], one[1] - slopes[1], slopes[1],
+            one[2] - slopes[2], slopes[2])
 
 
 def transfer_seconds(nbytes: float, bandwidth: float, latency: float) -> float:

@@ -1,0 +1,623 @@
+"""Gate 2b: an integrity seal on every compiled kernel kept in the cache.
+
+A :class:`Seal` holds a 32-byte secret key (``secrets.token_bytes``) in a key
+file of mode 0600 and computes an HMAC-SHA256 over the whole tuple that makes
+a cache entry: source, compiled bytes, config hash, compile options, target
+architecture, compiler version, format version and a monotonic counter. The
+fields are length-prefixed before hashing, so no two tuples share a message.
+
+The counter is persisted next to the key (``<key>.counter``, itself MACed) and
+incremented under a file lock, so it is unique across processes. Each cache
+folder keeps a MACed high-water index (``.seal-index.json``): the newest
+counter written for each config hash. An older, still validly sealed entry put
+back in place is then refused as a rollback. Deleting the index itself is not
+detectable from the folder alone; keep the key folder apart from the cache.
+
+:meth:`Seal.verify` and :meth:`Seal.load` never raise on bad input; they
+return a :class:`~lib.security.verdict.Verdict` (gate ``"gate2b"``):
+
+==================  ===========================================================
+check id            what it refuses
+==================  ===========================================================
+seal.io             a file that cannot be read (missing, a folder, a symlink)
+seal.format         not a sealed entry: bad header, JSON or field types, an
+                    unknown format version, a non-canonical encoding
+seal.truncated      a file shorter than its header declares (or empty)
+seal.missing_mac    an entry without a MAC
+seal.mac            a MAC that does not match: a changed byte anywhere, or an
+                    entry sealed under another key
+seal.key_mismatch   a genuine entry for another config hash than the one asked
+                    for (an entry swapped between cache keys)
+seal.rollback       a counter below the high-water mark for that config hash
+seal.index          a high-water index that is unreadable or wrongly MACed
+==================  ===========================================================
+
+Key-file problems (wrong mode, owner, size, a symlink) raise :class:`SealError`
+naming the path: without a trustworthy key nothing can be verified.
+
+File layout: one ASCII header line ``GPUHIVE-SEAL <format> <body bytes>``,
+then the body, canonical JSON (sorted keys, no blanks, ASCII) with the binary
+in base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import stat
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from lib.security.verdict import Verdict, Violation
+
+GATE = "gate2b"
+FORMAT_VERSION = 1
+KEY_BYTES = 32
+MAGIC = b"GPUHIVE-SEAL"
+INDEX_NAME = ".seal-index.json"
+LOCK_NAME = ".seal.lock"
+#: Entry files larger than this (bytes) are refused unread.
+MAX_ENTRY_BYTES = 1 << 30
+
+_HEADER_RE = re.compile(rb"GPUHIVE-SEAL ([0-9]{1,3}) ([0-9]{1,12})")
+_HEX64_RE = re.compile(r"[0-9a-f]{64}")
+_FIELDS = ("arch", "binary", "compiler", "config_hash", "counter",
+           "format_version", "mac", "options", "source")
+
+
+class SealError(Exception):
+    """The key file (or the counter or index next to it) cannot be trusted."""
+
+
+@dataclass(frozen=True)
+class SealedEntry:
+    """One compiled kernel and everything it was compiled from, sealed.
+
+    Attributes:
+        source: the CUDA source that passed Gate 2a.
+        binary: the compiled bytes (PTX or cubin).
+        config_hash: the cache key, the hash of the decision and task.
+        options: the compile options, in order.
+        arch: the target architecture, e.g. ``"sm_90"``.
+        compiler: the compiler and its version, e.g. ``"nvrtc 12.4"``.
+        format_version: the entry format, :data:`FORMAT_VERSION`.
+        counter: the monotonic seal counter (1, 2, ...) of the key.
+        mac: HMAC-SHA256 of all the above, 64 lowercase hex digits; ``""``
+            when missing.
+    """
+
+    source: str
+    binary: bytes
+    config_hash: str
+    options: tuple[str, ...]
+    arch: str
+    compiler: str
+    format_version: int
+    counter: int
+    mac: str
+
+
+def _frame(fields: Sequence[bytes]) -> bytes:
+    """Length-prefix each field (8 bytes, big-endian) and join."""
+    return b"".join(len(f).to_bytes(8, "big") + f for f in fields)
+
+
+def _mac_message(e: SealedEntry) -> bytes:
+    return _frame([
+        b"gpuhive.seal.entry",
+        e.source.encode("utf-8"),
+        bytes(e.binary),
+        e.config_hash.encode("utf-8"),
+        str(len(e.options)).encode(),
+        *(o.encode("utf-8") for o in e.options),
+        e.arch.encode("utf-8"),
+        e.compiler.encode("utf-8"),
+        str(e.format_version).encode(),
+        str(e.counter).encode(),
+    ])
+
+
+def _canonical_json(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def _encode(e: SealedEntry) -> bytes:
+    """The file bytes of an entry: header line, then canonical JSON."""
+    body_obj = {
+        "arch": e.arch,
+        "binary": base64.b64encode(e.binary).decode("ascii"),
+        "compiler": e.compiler,
+        "config_hash": e.config_hash,
+        "counter": e.counter,
+        "format_version": e.format_version,
+        "options": list(e.options),
+        "source": e.source,
+    }
+    if e.mac:
+        body_obj["mac"] = e.mac
+    body = _canonical_json(body_obj)
+    return MAGIC + f" {e.format_version} {len(body)}\n".encode() + body
+
+
+def _is_header_prefix(data: bytes) -> bool:
+    head = MAGIC + b" "
+    if len(data) <= len(head):
+        return head.startswith(data)
+    rest = data[len(head):]
+    return data.startswith(head) and re.fullmatch(rb"[0-9]{0,3}( [0-9]{0,12})?",
+                                                  rest) is not None
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key in sealed entry")
+    return dict(pairs)
+
+
+def _bad_float(text: str) -> float:
+    raise ValueError(f"non-finite number {text} in sealed entry")
+
+
+def _field_problems(e: SealedEntry) -> list[str]:
+    """Type problems of an entry's fields, one message each."""
+    problems = []
+    for name in ("source", "config_hash", "arch", "compiler", "mac"):
+        if not isinstance(getattr(e, name), str):
+            problems.append(f"field {name} is {type(getattr(e, name)).__name__}, "
+                            "not str")
+    if not isinstance(e.binary, bytes):
+        problems.append(f"field binary is {type(e.binary).__name__}, not bytes")
+    if not isinstance(e.options, tuple) or not all(
+            isinstance(o, str) for o in e.options):
+        problems.append("field options is not a tuple of str")
+    for name in ("format_version", "counter"):
+        v = getattr(e, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            problems.append(f"field {name} is {v!r:.40}, not a non-negative int")
+    return problems
+
+
+def _parse(data: bytes) -> tuple[SealedEntry | None, list[Violation]]:
+    """Decode entry-file bytes; never raises."""
+    fmt = "seal.format"
+    nl = data.find(b"\n", 0, 64)
+    if nl < 0:
+        if _is_header_prefix(data[:64]):
+            return None, [Violation("seal.truncated", f"file ends inside the "
+                                    f"header after {len(data)} bytes")]
+        return None, [Violation(fmt, "file does not start with a "
+                                "'GPUHIVE-SEAL <format> <length>' header")]
+    m = _HEADER_RE.fullmatch(data[:nl])
+    if m is None:
+        return None, [Violation(fmt, f"bad header {data[:nl][:60]!r}")]
+    version, length = int(m.group(1)), int(m.group(2))
+    if version != FORMAT_VERSION:
+        return None, [Violation(fmt, f"format version {version}, expected "
+                                f"{FORMAT_VERSION}")]
+    body = data[nl + 1:]
+    if len(body) < length:
+        return None, [Violation("seal.truncated", f"body has {len(body)} of the "
+                                f"{length} bytes its header declares")]
+    if len(body) > length:
+        return None, [Violation(fmt, f"{len(body) - length} bytes after the "
+                                "declared end of the body")]
+    try:
+        obj = json.loads(body.decode("ascii"), object_pairs_hook=_reject_duplicates,
+                         parse_constant=_bad_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return None, [Violation(fmt, f"body is not strict ASCII JSON: "
+                                f"{str(exc)[:80]}")]
+    if not isinstance(obj, dict):
+        return None, [Violation(fmt, f"body is a JSON {type(obj).__name__}, not "
+                                "an object")]
+    found: list[Violation] = []
+    missing = [f for f in _FIELDS if f != "mac" and f not in obj]
+    unknown = sorted(set(obj) - set(_FIELDS))
+    if missing or unknown:
+        return None, [Violation(fmt, f"fields missing {missing} or unknown "
+                                f"{unknown[:5]}")]
+    mac = obj.get("mac", "")
+    if mac == "" or mac is None:
+        found.append(Violation("seal.missing_mac", "entry carries no MAC"))
+        mac = ""
+    binary = obj["binary"]
+    try:
+        raw = base64.b64decode(binary, validate=True) if isinstance(binary, str) \
+            else None
+    except (binascii.Error, ValueError):
+        raw = None
+    if raw is None or base64.b64encode(raw).decode("ascii") != binary:
+        return None, found + [Violation(fmt, "field binary is not canonical "
+                                        "base64")]
+    options = obj["options"]
+    entry = SealedEntry(
+        source=obj["source"], binary=raw, config_hash=obj["config_hash"],
+        options=tuple(options) if isinstance(options, list) else options,
+        arch=obj["arch"], compiler=obj["compiler"],
+        format_version=obj["format_version"], counter=obj["counter"], mac=mac,
+    )
+    problems = _field_problems(entry)
+    if problems:
+        return None, found + [Violation(fmt, p) for p in problems]
+    if entry.format_version != version:
+        return None, found + [Violation(fmt, f"body format {entry.format_version}"
+                                        f" differs from header {version}")]
+    try:
+        canonical = _encode(entry) == data
+    except (UnicodeError, ValueError):
+        canonical = False
+    if not canonical:
+        return None, found + [Violation(fmt, "entry is not in canonical form")]
+    return entry, found
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temporary file in the same
+    folder, fsync, ``os.replace``, fsync of the folder. Mode 0600."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                               dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    """Read a regular file without following a final symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path} holds {st.st_size} bytes, limit {limit}")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class Seal:
+    """Seals, writes, loads and verifies cache entries under one secret key.
+
+    Args:
+        key_path: the key file. Created with mode 0600 (and its folder with
+            0700) when missing; an existing key file must be a regular file of
+            mode 0600, owned by this user, holding exactly 32 bytes, or
+            :class:`SealError` is raised naming the path.
+    """
+
+    def __init__(self, key_path: Path | str) -> None:
+        self.key_path = Path(key_path)
+        self._counter_path = self.key_path.with_name(self.key_path.name + ".counter")
+        self._lock_path = self.key_path.with_name(self.key_path.name + ".lock")
+        self._key = self._load_or_create_key()
+
+    # ---- the key -----------------------------------------------------------
+    def _load_or_create_key(self) -> bytes:
+        path = self.key_path
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SealError(f"cannot create key folder {path.parent}: {exc}") from exc
+        try:
+            return self._read_key()
+        except FileNotFoundError:
+            pass
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o600)
+            try:
+                os.fchmod(fd, 0o600)  # whatever the umask
+                os.write(fd, secrets.token_bytes(KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # publish atomically; the first process wins
+            except FileExistsError:
+                pass
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise SealError(f"cannot create key file {path}: {exc}") from exc
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return self._read_key()
+
+    def _read_key(self) -> bytes:
+        path = self.key_path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise SealError(f"cannot open key file {path} (a symlink?): {exc}"
+                            ) from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SealError(f"key file {path} is not a regular file")
+            mode = stat.S_IMODE(st.st_mode)
+            if mode != 0o600:
+                raise SealError(f"key file {path} has mode {mode:04o}; refusing it, "
+                                "the mode must be 0600")
+            if st.st_uid != os.getuid():
+                raise SealError(f"key file {path} is owned by uid {st.st_uid}, not "
+                                f"by this user (uid {os.getuid()})")
+            key = os.read(fd, KEY_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(key) != KEY_BYTES:
+            raise SealError(f"key file {path} holds {len(key)} bytes or more, "
+                            f"expected {KEY_BYTES}")
+        return key
+
+    def _hmac(self, tag: bytes, message: bytes) -> str:
+        return hmac.new(self._key, _frame([tag, message]), hashlib.sha256).hexdigest()
+
+    @property
+    def key_id(self) -> str:
+        """A short public fingerprint of the key (16 hex digits), for logs."""
+        return self._hmac(b"gpuhive.seal.key-id", b"")[:16]
+
+    # ---- the counter ---------------------------------------------------------
+    def _read_counter(self) -> int:
+        path = self._counter_path
+        try:
+            data = _read_small(path, 4096)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise SealError(f"cannot read counter file {path}: {exc}") from exc
+        try:
+            obj = json.loads(data.decode("ascii"))
+            n = obj["counter"]
+            ok = isinstance(n, int) and not isinstance(n, bool) and n >= 0 \
+                and hmac.compare_digest(str(obj["mac"]),
+                                        self._hmac(b"gpuhive.seal.counter",
+                                                   str(n).encode()))
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise SealError(f"counter file {path} is malformed or its MAC is wrong")
+        return n
+
+    def _next_counter(self) -> int:
+        with _locked(self._lock_path):
+            n = self._read_counter() + 1
+            mac = self._hmac(b"gpuhive.seal.counter", str(n).encode())
+            _atomic_write(self._counter_path,
+                          _canonical_json({"counter": n, "mac": mac}))
+        return n
+
+    # ---- the high-water index ---------------------------------------------------
+    def _index_mac(self, marks: dict) -> str:
+        return self._hmac(b"gpuhive.seal.index", _canonical_json(marks))
+
+    def _read_index(self, folder: Path) -> dict[str, int]:
+        """The folder's high-water marks; raises SealError when tampered."""
+        path = folder / INDEX_NAME
+        try:
+            data = _read_small(path, 64 << 20)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise SealError(f"cannot read high-water index {path}: {exc}") from exc
+        try:
+            obj = json.loads(data.decode("ascii"))
+            marks = obj["high_water"]
+            ok = isinstance(marks, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                for k, v in marks.items()
+            ) and hmac.compare_digest(str(obj["mac"]), self._index_mac(marks))
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise SealError(f"high-water index {path} is malformed or its MAC is "
+                            "wrong")
+        return marks
+
+    # ---- sealing ---------------------------------------------------------------
+    def mac(self, entry: SealedEntry) -> str:
+        """HMAC-SHA256 (hex) of every field of ``entry`` but ``mac``."""
+        return self._hmac(b"gpuhive.seal.entry", _mac_message(entry))
+
+    def seal(
+        self,
+        source: str,
+        binary: bytes,
+        config_hash: str,
+        options: Sequence[str],
+        arch: str,
+        compiler: str,
+    ) -> SealedEntry:
+        """Seal one compiled kernel, taking the next counter of this key.
+
+        Raises:
+            TypeError: a field of the wrong type, named.
+            SealError: the counter file cannot be trusted.
+        """
+        for name, value in (("source", source), ("config_hash", config_hash),
+                            ("arch", arch), ("compiler", compiler)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} must be str, got {type(value).__name__}")
+        if not isinstance(binary, bytes | bytearray | memoryview):
+            raise TypeError(f"binary must be bytes, got {type(binary).__name__}")
+        if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+            raise TypeError("options must be a sequence of str")
+        entry = SealedEntry(source, bytes(binary), config_hash, tuple(options), arch,
+                            compiler, FORMAT_VERSION, self._next_counter(), "")
+        return dataclasses.replace(entry, mac=self.mac(entry))
+
+    def write(self, entry: SealedEntry, path: Path | str) -> bool:
+        """Write ``entry`` to ``path`` atomically and raise the folder's
+        high-water mark for its config hash.
+
+        Returns:
+            ``True`` when written; ``False`` when a newer entry for the same
+            config hash was already written to this folder (it is kept).
+
+        Raises:
+            SealError: ``entry`` does not verify under this key, or the
+                folder's high-water index is tampered.
+        """
+        path = Path(path)
+        check = self.verify(entry, getattr(entry, "config_hash", ""))
+        if not check.accepted:
+            raise SealError(f"refusing to write {path}: {check.summary()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _encode(entry)
+        with _locked(path.parent / LOCK_NAME):
+            marks = self._read_index(path.parent)
+            high = marks.get(entry.config_hash, 0)
+            if entry.counter < high:
+                return False
+            _atomic_write(path, data)
+            if entry.counter > high:
+                marks[entry.config_hash] = entry.counter
+                _atomic_write(path.parent / INDEX_NAME, _canonical_json(
+                    {"high_water": marks, "mac": self._index_mac(marks)}))
+        return True
+
+    # ---- verifying ---------------------------------------------------------------
+    def _check(self, entry: object, expected: object,
+               high_water: int | None) -> list[Violation]:
+        if not isinstance(entry, SealedEntry):
+            return [Violation("seal.format", f"expected a SealedEntry, got "
+                              f"{type(entry).__name__}")]
+        problems = _field_problems(entry)
+        if problems:
+            return [Violation("seal.format", p) for p in problems]
+        found: list[Violation] = []
+        if entry.format_version != FORMAT_VERSION:
+            found.append(Violation("seal.format", f"format version "
+                                   f"{entry.format_version}, expected "
+                                   f"{FORMAT_VERSION}"))
+        if entry.mac == "":
+            found.append(Violation("seal.missing_mac", "entry carries no MAC"))
+        elif not _HEX64_RE.fullmatch(entry.mac):
+            found.append(Violation("seal.mac", "MAC is not 64 lowercase hex digits"))
+        else:
+            try:
+                good = hmac.compare_digest(entry.mac, self.mac(entry))
+            except UnicodeError:
+                good = False
+            if not good:
+                found.append(Violation("seal.mac", f"MAC does not match the entry "
+                                       f"for config hash {entry.config_hash[:64]!r}"
+                                       " (changed, or sealed under another key)"))
+        try:
+            same = isinstance(expected, str) and hmac.compare_digest(
+                entry.config_hash.encode("utf-8"), expected.encode("utf-8"))
+        except UnicodeError:
+            same = False
+        if not same:
+            found.append(Violation("seal.key_mismatch", f"entry is for config hash "
+                                   f"{entry.config_hash[:64]!r}, expected "
+                                   f"{str(expected)[:64]!r}"))
+        if high_water is not None and entry.counter < high_water:
+            found.append(Violation("seal.rollback", f"counter {entry.counter} is "
+                                   f"below the newest {high_water} written for "
+                                   f"config hash {entry.config_hash[:64]!r}"))
+        return found
+
+    def verify(self, entry: SealedEntry, expected_config_hash: str) -> Verdict:
+        """Gate 2b on an entry in memory; never raises.
+
+        Checks the format, the MAC (over every field) and that the entry is
+        for ``expected_config_hash``. Rollback needs the folder's index and is
+        checked by :meth:`load`.
+        """
+        start = time.perf_counter()
+        try:
+            found = self._check(entry, expected_config_hash, None)
+        except Exception as exc:  # fail closed
+            found = [Violation("seal.format", f"cannot verify: {exc!s:.80}")]
+        return Verdict(GATE, tuple(found), time.perf_counter() - start)
+
+    def load(
+        self, path: Path | str, expected_config_hash: str
+    ) -> tuple[SealedEntry | None, Verdict]:
+        """Gate 2b on a file; never raises.
+
+        Returns:
+            ``(entry, verdict)``; ``entry`` is ``None`` unless the verdict is
+            accepted, so a rejected entry cannot be used by mistake.
+        """
+        start = time.perf_counter()
+        found: list[Violation] = []
+        entry: SealedEntry | None = None
+        try:
+            path = Path(path)
+            try:
+                data = _read_small(path, MAX_ENTRY_BYTES)
+            except OSError as exc:
+                found.append(Violation("seal.io", f"cannot read {path}: "
+                                       f"{type(exc).__name__}: {exc!s:.80}"))
+                data = None
+            if data is not None:
+                entry, found = _parse(data)
+            if entry is not None:
+                high: int | None = None
+                try:
+                    high = self._read_index(path.parent).get(entry.config_hash)
+                except SealError as exc:
+                    found.append(Violation("seal.index", str(exc)))
+                found.extend(self._check(entry, expected_config_hash, high))
+        except Exception as exc:  # fail closed
+            found.append(Violation("seal.format", f"cannot load: {exc!s:.80}"))
+        verdict = Verdict(GATE, tuple(found), time.perf_counter() - start)
+        return (entry if verdict.accepted else None), verdict

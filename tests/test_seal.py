@@ -1,0 +1,345 @@
+"""Gate 2b: the integrity seal on cached kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lib.security.seal import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MAGIC,
+    Seal,
+    SealedEntry,
+    SealError,
+)
+
+SOURCE = 'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n'
+BINARY = bytes(range(256)) * 2
+HASH_A = "a" * 64
+HASH_B = "b" * 64
+OPTIONS = ("-arch=sm_90", "-O3")
+
+
+@pytest.fixture
+def seal(tmp_path: Path) -> Seal:
+    return Seal(tmp_path / "keys" / "seal.key")
+
+
+def make(seal: Seal, config_hash: str = HASH_A, binary: bytes = BINARY) -> SealedEntry:
+    return seal.seal(SOURCE, binary, config_hash, OPTIONS, "sm_90", "nvrtc 12.4")
+
+
+# ---- the key -----------------------------------------------------------------
+
+
+def test_key_file_is_created_with_mode_0600(tmp_path):
+    key = tmp_path / "k" / "seal.key"
+    Seal(key)
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.stat().st_size == 32
+
+
+def test_key_is_reused_across_instances(tmp_path):
+    key = tmp_path / "seal.key"
+    entry = make(Seal(key))
+    assert Seal(key).verify(entry, HASH_A).accepted
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o400, 0o700])
+def test_key_file_with_another_mode_is_refused(tmp_path, mode):
+    key = tmp_path / "seal.key"
+    Seal(key)
+    os.chmod(key, mode)
+    with pytest.raises(SealError) as err:
+        Seal(key)
+    assert str(key) in str(err.value)
+    assert f"{mode:04o}" in str(err.value)
+
+
+def test_key_file_of_the_wrong_size_is_refused(tmp_path):
+    key = tmp_path / "seal.key"
+    key.write_bytes(b"short")
+    os.chmod(key, 0o600)
+    with pytest.raises(SealError, match="holds 5 bytes"):
+        Seal(key)
+
+
+def test_key_file_symlink_is_refused(tmp_path):
+    real = tmp_path / "real.key"
+    Seal(real)
+    link = tmp_path / "link.key"
+    link.symlink_to(real)
+    with pytest.raises(SealError, match="link.key"):
+        Seal(link)
+
+
+# ---- a good entry ---------------------------------------------------------------
+
+
+def test_good_entry_verifies_and_round_trips(seal, tmp_path):
+    entry = make(seal)
+    assert entry.format_version == FORMAT_VERSION
+    assert len(entry.mac) == 64
+    assert seal.verify(entry, HASH_A).accepted
+    path = tmp_path / "cache" / "a.sealed"
+    assert seal.write(entry, path) is True
+    loaded, verdict = seal.load(path, HASH_A)
+    assert verdict.accepted, verdict.violations
+    assert verdict.gate == "gate2b"
+    assert loaded == entry
+
+
+def test_counter_is_monotonic_and_persisted(tmp_path):
+    key = tmp_path / "seal.key"
+    first = [make(Seal(key)).counter for _ in range(3)]
+    assert first == [1, 2, 3]
+    assert make(Seal(key)).counter == 4
+
+
+def test_tampered_counter_file_is_refused(tmp_path):
+    key = tmp_path / "seal.key"
+    make(Seal(key))
+    counter = tmp_path / "seal.key.counter"
+    obj = json.loads(counter.read_text())
+    obj["counter"] = 0
+    counter.write_text(json.dumps(obj))
+    with pytest.raises(SealError, match="counter"):
+        make(Seal(key))
+
+
+def test_atomic_write_leaves_no_temporary_files(seal, tmp_path):
+    folder = tmp_path / "cache"
+    for n in range(5):
+        seal.write(make(seal, binary=bytes([n]) * 10), folder / "a.sealed")
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == sorted([".seal.lock", INDEX_NAME, "a.sealed"])
+    keys = sorted(p.name for p in (tmp_path / "keys").iterdir())
+    assert keys == ["seal.key", "seal.key.counter", "seal.key.lock"]
+
+
+# ---- attacks --------------------------------------------------------------------
+
+
+def _flip(data: bytes, offset: int, mask: int = 0x01) -> bytes:
+    return data[:offset] + bytes([data[offset] ^ mask]) + data[offset + 1:]
+
+
+@pytest.mark.parametrize(
+    "field", ["source", "binary", "options", "arch", "compiler", "counter", "mac"]
+)
+def test_a_changed_field_breaks_the_mac(seal, field):
+    entry = make(seal)
+    value = getattr(entry, field)
+    if field == "binary":
+        changed = _flip(value, 100)
+    elif field == "options":
+        changed = ("-arch=sm_90", "-O2")
+    elif field == "counter":
+        changed = value + 1
+    elif field == "mac":
+        changed = ("0" if value[0] != "0" else "1") + value[1:]
+    else:
+        changed = value[:-1] + chr(ord(value[-1]) ^ 1)
+    verdict = seal.verify(dataclasses.replace(entry, **{field: changed}), HASH_A)
+    assert verdict.checks == ("seal.mac",)
+
+
+def test_changed_config_hash_breaks_the_mac_and_the_key(seal):
+    entry = dataclasses.replace(make(seal), config_hash=HASH_B)
+    verdict = seal.verify(entry, HASH_A)
+    assert verdict.checks == ("seal.mac", "seal.key_mismatch")
+
+
+def test_every_flipped_byte_in_the_file_is_detected(seal, tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    entry = seal.seal("k", b"\x00\x01\x02\xff", HASH_A, OPTIONS, "sm_90", "nvrtc")
+    seal.write(entry, path)
+    good = path.read_bytes()
+    allowed = {"seal.mac", "seal.format", "seal.truncated", "seal.missing_mac",
+               "seal.key_mismatch", "seal.rollback"}  # a changed counter digit
+    for mask in (0x01, 0x20, 0x80):
+        for offset in range(len(good)):
+            path.write_bytes(_flip(good, offset, mask))
+            loaded, verdict = seal.load(path, HASH_A)
+            assert not verdict.accepted, (offset, mask)
+            assert loaded is None
+            assert set(verdict.checks) <= allowed, (offset, mask, verdict.checks)
+
+
+def test_flipped_byte_in_the_binary_field_of_the_file_is_a_mac_failure(seal,
+                                                                       tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal), path)
+    data = path.read_bytes()
+    start = data.index(b'"binary":"') + len(b'"binary":"')
+    # 'A' <-> 'B' in base64 changes one decoded bit, still canonical base64.
+    offset = data.index(b"A", start)
+    path.write_bytes(data[:offset] + b"B" + data[offset + 1:])
+    assert seal.load(path, HASH_A)[1].checks == ("seal.mac",)
+
+
+def test_entry_under_another_key_fails_the_mac(seal, tmp_path):
+    other = Seal(tmp_path / "other" / "seal.key")
+    verdict = other.verify(make(seal), HASH_A)
+    assert verdict.checks == ("seal.mac",)
+
+
+def test_entries_swapped_between_cache_keys(seal, tmp_path):
+    folder = tmp_path / "cache"
+    seal.write(make(seal, HASH_A), folder / "a.sealed")
+    seal.write(make(seal, HASH_B), folder / "b.sealed")
+    (folder / "b.sealed").write_bytes((folder / "a.sealed").read_bytes())
+    loaded, verdict = seal.load(folder / "b.sealed", HASH_B)
+    assert verdict.checks == ("seal.key_mismatch",)
+    assert loaded is None
+
+
+def test_rollback_to_an_older_valid_entry(seal, tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal, binary=b"old"), path)
+    old = path.read_bytes()
+    seal.write(make(seal, binary=b"new"), path)
+    assert seal.load(path, HASH_A)[1].accepted
+    path.write_bytes(old)
+    loaded, verdict = seal.load(path, HASH_A)
+    assert verdict.checks == ("seal.rollback",)
+    assert loaded is None
+
+
+def test_write_keeps_the_newer_entry(seal, tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    older, newer = make(seal, binary=b"old"), make(seal, binary=b"new")
+    assert seal.write(newer, path) is True
+    assert seal.write(older, path) is False
+    assert seal.load(path, HASH_A)[0].binary == b"new"
+
+
+def test_tampered_index_is_reported(seal, tmp_path):
+    folder = tmp_path / "cache"
+    seal.write(make(seal), folder / "a.sealed")
+    index = json.loads((folder / INDEX_NAME).read_text())
+    index["high_water"][HASH_A] = 0
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    assert "seal.index" in seal.load(folder / "a.sealed", HASH_A)[1].checks
+
+
+@pytest.mark.parametrize("keep", [0, 5, len(MAGIC) + 3, 40, -200, -1])
+def test_truncated_file(seal, tmp_path, keep):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal), path)
+    data = path.read_bytes()
+    path.write_bytes(data[:keep] if keep >= 0 else data[:len(data) + keep])
+    loaded, verdict = seal.load(path, HASH_A)
+    assert verdict.checks == ("seal.truncated",)
+    assert loaded is None
+
+
+def test_entry_without_a_mac(seal, tmp_path):
+    entry = make(seal)
+    assert seal.verify(dataclasses.replace(entry, mac=""), HASH_A).checks == (
+        "seal.missing_mac",
+    )
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(entry, path)
+    header, body = path.read_bytes().split(b"\n", 1)
+    obj = json.loads(body)
+    del obj["mac"]
+    body = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    path.write_bytes(MAGIC + f" {FORMAT_VERSION} {len(body)}\n".encode() + body)
+    assert seal.load(path, HASH_A)[1].checks == ("seal.missing_mac",)
+
+
+def test_write_refuses_an_unsealed_entry(seal, tmp_path):
+    entry = dataclasses.replace(make(seal), mac="")
+    with pytest.raises(SealError, match="seal.missing_mac"):
+        seal.write(entry, tmp_path / "cache" / "a.sealed")
+
+
+@pytest.mark.parametrize(
+    ("content", "check"),
+    [
+        (None, "seal.io"),
+        ("folder", "seal.io"),
+        (b"", "seal.truncated"),
+        (b"hello world\n{}", "seal.format"),
+        (MAGIC + b" 2 2\n{}", "seal.format"),
+        (MAGIC + b" 1 2\n{}", "seal.format"),
+        (MAGIC + b" 1 4\n[1]x", "seal.format"),
+        (MAGIC + b" 1 2\n{}trailing", "seal.format"),
+    ],
+)
+def test_bad_files_never_raise(seal, tmp_path, content, check):
+    path = tmp_path / "bad.sealed"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    loaded, verdict = seal.load(path, HASH_A)
+    assert loaded is None
+    assert verdict.checks == (check,)
+
+
+def test_verify_never_raises_on_garbage(seal):
+    for thing in (None, "entry", 3, dataclasses.replace(make(seal), binary="x")):
+        assert seal.verify(thing, HASH_A).checks == ("seal.format",)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=2048))
+def test_arbitrary_bytes_never_load(seal, tmp_path, data):
+    path = tmp_path / "fuzz.sealed"
+    path.write_bytes(MAGIC + b" 1 " + str(len(data)).encode() + b"\n" + data)
+    loaded, verdict = seal.load(path, HASH_A)
+    assert loaded is None
+    assert not verdict.accepted
+
+
+# ---- concurrency ------------------------------------------------------------------
+
+
+def _writer(key: str, path: str, tag: bytes, rounds: int, barrier, queue) -> None:
+    barrier.wait()  # both processes create the key and write at the same time
+    seal = Seal(Path(key))
+    counters = []
+    for n in range(rounds):
+        entry = seal.seal(SOURCE, tag * (n + 1), HASH_A, OPTIONS, "sm_90", "nvrtc")
+        seal.write(entry, Path(path))
+        counters.append(entry.counter)
+    queue.put(counters)
+
+
+def test_concurrent_writes_leave_one_valid_entry(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    key, path = tmp_path / "keys" / "seal.key", tmp_path / "cache" / "a.sealed"
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    rounds = 15
+    procs = [
+        ctx.Process(target=_writer, args=(str(key), str(path), tag, rounds, barrier,
+                                          queue))
+        for tag in (b"A", b"B")
+    ]
+    for p in procs:
+        p.start()
+    counters = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    flat = sorted(counters[0] + counters[1])
+    assert flat == list(range(1, 2 * rounds + 1))  # unique across processes
+    seal = Seal(key)
+    loaded, verdict = seal.load(path, HASH_A)
+    assert verdict.accepted, verdict.violations
+    assert loaded.counter == 2 * rounds  # the newest entry stands
+    assert set(loaded.binary) <= {ord("A"), ord("B")}
+    leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
