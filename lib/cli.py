@@ -5,6 +5,7 @@ r"""``gpuhive``: the command line.
     gpuhive run --kind reduce --dim N=67108864 --machine local-cpu --verify \
         --backend cpu
     gpuhive validate DECISION.json --task TASK.json --machine hetero-4
+    gpuhive scan kernel.cu --kernel my_kernel
     gpuhive book --machine hetero-4 --backend model --budget quick
 
 Bad input gets one line on stderr and exit status 2, never a traceback.
@@ -227,6 +228,48 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if verdict.accepted else 1
 
 
+# -- scan -------------------------------------------------------------------
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from lib.security import check_compile_options, scan_source
+
+    try:
+        source = Path(args.source).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"source file {args.source}: "
+                         f"{exc.strerror or exc}") from None
+    verdicts = [scan_source(source, args.kernel)]
+    if args.option:
+        verdicts.append(check_compile_options(args.option))
+    violations = [v for verdict in verdicts for v in verdict.violations]
+    accepted = not violations
+    ms = sum(v.seconds for v in verdicts) * 1e3
+    lines = [f"{args.source}: {'accepted' if accepted else 'rejected'} by Gate 2a "
+             f"(kernel {args.kernel!r}, {ms:.2f} ms)"]
+    lines += [f"  {v}" for v in violations]
+    _emit(args, {"file": args.source, "kernel": args.kernel, "accepted": accepted,
+                 "violations": [{"check": v.check, "message": v.message,
+                                 "line": v.line} for v in violations]},
+          "\n".join(lines))
+    return 0 if accepted else 1
+
+
+# -- bench ------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from lib.costmodel.optimum import benchmark
+
+    rows = benchmark(repeats=args.repeats)
+    lines = ["exhaustive optimum search time, MEASURED on this machine "
+             "(wall clock; the searched times themselves are PREDICTED):",
+             f"  {'devices':>7} {'median':>10} {'p90':>10} {'candidates':>11}"]
+    lines += [f"  {r['devices']:>7} {r['median_ms']:>7.2f} ms {r['p90_ms']:>7.2f} ms "
+              f"{r['candidates']:>11}" for r in rows]
+    lines.append("  goal: under 50 ms for 8 devices")
+    _emit(args, {"optimum": rows}, "\n".join(lines))
+    return 0
+
+
 # -- book -------------------------------------------------------------------
 
 def cmd_book(args: argparse.Namespace) -> int:
@@ -287,6 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--machine", default="hetero-4")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("scan", help="Gate 2a on a CUDA source file")
+    p.add_argument("source", metavar="FILE.cu")
+    p.add_argument("--kernel", required=True, help="the one extern \"C\" "
+                                                   "__global__ kernel expected")
+    p.add_argument("--option", action="append", metavar="OPT",
+                   help="a compile option to check against the allowlist "
+                        "(repeatable; use --option=-O3 for dashes)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_scan)
+
+    p = sub.add_parser("bench", help="benchmarks that print figures "
+                                     "(the optimum's search time)")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("book", help="execute the notebooks and build the HTML book")
     p.add_argument("--machine", default="hetero-4")
