@@ -119,3 +119,34 @@ def test_help_lists_the_commands():
     assert p.returncode == 0
     for cmd in ("doctor", "explain", "run", "validate", "book"):
         assert cmd in p.stdout
+
+
+SAXPY = """// never call system() here
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+
+def test_scan_exit_codes(tmp_path):
+    good = tmp_path / "k.cu"
+    good.write_text(SAXPY)
+    assert gpuhive("scan", str(good), "--kernel", "saxpy").returncode == 0
+    bad = tmp_path / "bad.cu"
+    bad.write_text(SAXPY.replace("y[i] = a", "asm(\"trap;\"); y[i] = a"))
+    p = gpuhive("scan", str(bad), "--kernel", "saxpy", "--json")
+    assert p.returncode == 1
+    assert "token.asm" in {v["check"] for v in json.loads(p.stdout)["violations"]}
+    p = gpuhive("scan", str(good), "--kernel", "saxpy", "--option=-Xcompiler")
+    assert p.returncode == 1 and "options.flag" in p.stdout
+    p = gpuhive("scan", str(tmp_path / "missing.cu"), "--kernel", "x")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bench_prints_the_optimum_search_time():
+    p = gpuhive("bench", "--repeats", "2", "--json")
+    assert p.returncode == 0
+    rows = json.loads(p.stdout)["optimum"]
+    assert [r["devices"] for r in rows] == [2, 4, 8]
+    assert all(r["median_ms"] > 0 for r in rows)
