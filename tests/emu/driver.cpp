@@ -1,0 +1,206 @@
+// Command-line launcher for one kernel source built on the host with cuda_emu.h.
+//
+// Built by tests/kernel_harness.py as
+//   g++ -std=c++17 -pthread -Itests/emu/include
+//       -DGH_KERNEL_SOURCE='"/abs/kernels/matmul.cu"'
+//       '-DGH_ENTRIES=GH_ENTRY(matmul_fp32) GH_ENTRY(matmul_fp16) ...'
+//       tests/emu/driver.cpp
+// and run as
+//   driver ENTRY GX,GY,GZ BX,BY,BZ ARG...
+// with one ARG per kernel parameter, in order:
+//   f:<float>   a float (hex-float text keeps it exact)   d:<double>
+//   i:<int>     an int                                    l:<long long>
+//   in:<path>   a const T* buffer read from a raw file
+//   io:<path>   a T* buffer read from a raw file and written back after the run
+// Buffers are allocated at exactly the file's size, so a sanitizer sees any
+// access past either end. Exit status 0 on success, 2 on a usage error.
+
+#include "../cuda_emu.h"
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#ifndef GH_KERNEL_SOURCE
+#error "define GH_KERNEL_SOURCE as the quoted path of the .cu file to include"
+#endif
+#include GH_KERNEL_SOURCE
+
+namespace {
+
+[[noreturn]] void usage(const std::string& message) {
+    std::fprintf(stderr, "driver: %s\n", message.c_str());
+    std::exit(2);
+}
+
+struct Buffer {
+    std::string path;
+    std::unique_ptr<unsigned char[]> data;
+    std::size_t bytes = 0;
+    bool write_back = false;
+};
+
+class Buffers {
+  public:
+    template <typename T>
+    T* load(const std::string& path, bool write_back) {
+        std::ifstream in(path, std::ios::binary);
+        if (!in) usage("cannot read " + path);
+        const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                      std::istreambuf_iterator<char>());
+        if (bytes.size() % sizeof(T) != 0)
+            usage(path + ": size is not a multiple of the element size");
+        Buffer b;
+        b.path = path;
+        b.bytes = bytes.size();
+        b.data.reset(new unsigned char[b.bytes]);
+        if (b.bytes) std::memcpy(b.data.get(), bytes.data(), b.bytes);
+        b.write_back = write_back;
+        T* p = reinterpret_cast<T*>(b.data.get());
+        buffers_.push_back(std::move(b));
+        return p;
+    }
+
+    void write_back() const {
+        for (const Buffer& b : buffers_) {
+            if (!b.write_back) continue;
+            std::ofstream out(b.path, std::ios::binary | std::ios::trunc);
+            out.write(reinterpret_cast<const char*>(b.data.get()),
+                      static_cast<std::streamsize>(b.bytes));
+            if (!out) usage("cannot write " + b.path);
+        }
+    }
+
+  private:
+    std::vector<Buffer> buffers_;
+};
+
+std::string after_prefix(const char* arg, const std::string& prefix) {
+    const std::string s(arg);
+    if (s.compare(0, prefix.size(), prefix) != 0)
+        usage("argument '" + s + "' should start with '" + prefix + "'");
+    return s.substr(prefix.size());
+}
+
+template <typename T>
+T parse_number(const char* arg, const std::string& prefix) {
+    const std::string text = after_prefix(arg, prefix);
+    const char* begin = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    T value;
+    if constexpr (std::is_same_v<T, float>) {
+        value = std::strtof(begin, &end);
+    } else if constexpr (std::is_same_v<T, double>) {
+        value = std::strtod(begin, &end);
+    } else {
+        const long long v = std::strtoll(begin, &end, 10);
+        if (v < static_cast<long long>(std::numeric_limits<T>::min()) ||
+            v > static_cast<long long>(std::numeric_limits<T>::max()))
+            errno = ERANGE;
+        value = static_cast<T>(v);
+    }
+    if (text.empty() || *end != '\0' || errno == ERANGE)
+        usage("bad number '" + text + "'");
+    return value;
+}
+
+// One parser per kernel parameter type.
+template <typename T>
+struct Arg;
+
+template <>
+struct Arg<float> {
+    static float parse(const char* a, Buffers&) { return parse_number<float>(a, "f:"); }
+};
+
+template <>
+struct Arg<double> {
+    static double parse(const char* a, Buffers&) {
+        return parse_number<double>(a, "d:");
+    }
+};
+
+template <>
+struct Arg<int> {
+    static int parse(const char* a, Buffers&) { return parse_number<int>(a, "i:"); }
+};
+
+template <>
+struct Arg<long long> {
+    static long long parse(const char* a, Buffers&) {
+        return parse_number<long long>(a, "l:");
+    }
+};
+
+template <typename T>
+struct Arg<const T*> {
+    static const T* parse(const char* a, Buffers& b) {
+        return b.load<T>(after_prefix(a, "in:"), false);
+    }
+};
+
+template <typename T>
+struct Arg<T*> {
+    static T* parse(const char* a, Buffers& b) {
+        return b.load<T>(after_prefix(a, "io:"), true);
+    }
+};
+
+dim3 parse_dim3(const char* text) {
+    unsigned int v[3] = {1, 1, 1};
+    std::string s(text);
+    for (int k = 0; k < 3 && !s.empty(); ++k) {
+        const std::size_t comma = s.find(',');
+        v[k] = static_cast<unsigned int>(
+            parse_number<int>(("i:" + s.substr(0, comma)).c_str(), "i:"));
+        s = comma == std::string::npos ? "" : s.substr(comma + 1);
+    }
+    return dim3(v[0], v[1], v[2]);
+}
+
+template <typename... P, std::size_t... I>
+void launch_with(void (*kernel)(P...), dim3 grid, dim3 block, char** argv,
+                 Buffers& buffers, std::index_sequence<I...>) {
+    // Braced initialisation parses the arguments left to right.
+    std::tuple<P...> args{Arg<P>::parse(argv[I], buffers)...};
+    std::apply([&](P... p) { gh_emu::launch(kernel, grid, block, p...); }, args);
+}
+
+struct Entry {
+    const char* name;
+    int (*run)(dim3, dim3, int, char**);
+};
+
+template <typename... P>
+int run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, int argc, char** argv) {
+    if (argc != static_cast<int>(sizeof...(P)))
+        usage("kernel takes " + std::to_string(sizeof...(P)) + " arguments, got " +
+              std::to_string(argc));
+    Buffers buffers;
+    launch_with(kernel, grid, block, argv, buffers, std::index_sequence_for<P...>{});
+    buffers.write_back();
+    return 0;
+}
+
+#define GH_ENTRY(fn)                                               \
+    {#fn, [](dim3 g, dim3 b, int argc, char** argv) {              \
+         return run_kernel(fn, g, b, argc, argv);                  \
+     }},
+
+const Entry kEntries[] = {GH_ENTRIES};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 4) usage("usage: driver ENTRY GX,GY,GZ BX,BY,BZ ARG...");
+    const std::string name(argv[1]);
+    for (const Entry& e : kEntries)
+        if (name == e.name)
+            return e.run(parse_dim3(argv[2]), parse_dim3(argv[3]), argc - 4, argv + 4);
+    usage("no entry point named " + name);
+}
