@@ -6,6 +6,7 @@ r"""``gpuhive``: the command line.
         --backend cpu
     gpuhive validate DECISION.json --task TASK.json --machine hetero-4
     gpuhive scan kernel.cu --kernel my_kernel
+    gpuhive security-audit
     gpuhive book --machine hetero-4 --backend model --budget quick
 
 Bad input gets one line on stderr and exit status 2, never a traceback.
@@ -254,6 +255,21 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0 if accepted else 1
 
 
+# -- security-audit ---------------------------------------------------------
+
+def cmd_security_audit(args: argparse.Namespace) -> int:
+    from lib.security.audit import run_audit
+
+    report = run_audit(repeats=args.repeats, seed=args.seed)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.to_text())
+    perfect = (report.recall == 1.0 and report.intended_accuracy == 1.0
+               and report.false_positive_rate == 0.0)
+    return 0 if perfect else 1
+
+
 # -- bench ------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -340,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable; use --option=-O3 for dashes)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_scan)
+
+    p = sub.add_parser("security-audit", help="the injection suite over the three "
+                                              "gates: recall, false positives, "
+                                              "latency")
+    p.add_argument("--repeats", type=int, default=3, help="gate calls per case")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_security_audit)
 
     p = sub.add_parser("bench", help="benchmarks that print figures "
                                      "(the optimum's search time)")

@@ -150,3 +150,15 @@ def test_bench_prints_the_optimum_search_time():
     rows = json.loads(p.stdout)["optimum"]
     assert [r["devices"] for r in rows] == [2, 4, 8]
     assert all(r["median_ms"] > 0 for r in rows)
+
+
+def test_security_audit_reports_and_exits_by_its_scores():
+    p = gpuhive("security-audit", "--repeats", "1", "--json")
+    out = json.loads(p.stdout)
+    for key in ("recall", "false_positive_rate", "intended_accuracy", "families",
+                "confusion", "latency"):
+        assert key in out
+    perfect = (out["recall"] == 1.0 and out["intended_accuracy"] == 1.0
+               and out["false_positive_rate"] == 0.0)
+    assert p.returncode == (0 if perfect else 1)
+    assert out["counts"]["adversarial"] >= 60 and out["counts"]["benign"] >= 20

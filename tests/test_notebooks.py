@@ -44,6 +44,10 @@ def test_notebook_smoke_run(book_env, nb):
         assert values["hash_matches"] and values["round_trip"]
         assert values["parse_errors_caught"] == values["parse_cases"]
         assert values["predicted_speedup_proportional_over_equal"] > 1.0
+    if nb.stem == "m02-security":
+        assert values["adversarial_cases"] >= 60 and values["families"] >= 20
+        assert values["benign_controls"] >= 20
+        assert values["false_positive_rate"] == 0.0
     if nb.stem == "m08-execution":
         assert values["run_verified"] and values["cpu_verified"]
         assert values["run_label"] == "PREDICTED (model)"
