@@ -19,7 +19,7 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,book,gpu]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,book,gpu,llm]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -22,7 +22,7 @@ def _split(req: str) -> tuple[str, str]:
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = list(project["dependencies"])
-    for extra in ("gpu", "book", "dev"):
+    for extra in ("gpu", "llm", "book", "dev"):
         wanted += project["optional-dependencies"][extra]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
