@@ -16,7 +16,7 @@ help:
 	@echo "make lint   ruff over lib and tests"
 	@echo "make clean  remove build output (keeps .venv)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,book,gpu,llm]'
