@@ -329,6 +329,52 @@ def test_function_addresses_are_refused():
     assert scan_source(helper + kernel("y[0] = sq(y[1]);"), "k").accepted
 
 
+LAMBDA = "[](float* q) { q[0] = 1.0f; }"
+
+
+@pytest.mark.parametrize(
+    ("body", "head"),
+    [
+        (f"auto p = +{LAMBDA};\np(y);", ""),
+        (f"auto& p = *{LAMBDA};\np(y);", ""),
+        (f"(+{LAMBDA})(y);", ""),
+        (f"auto g = [] {{ return +{LAMBDA}; }};\ng()(y);", ""),
+        (f"auto p = true ? +{LAMBDA} : nullptr;\np(y);", ""),
+        ("auto p = +<:](float* q) { q[0] = 1.0f; };\np(y);", ""),
+        (f"auto p = POS{LAMBDA};\np(y);", "#define POS +\n"),
+        (f"auto p = static_cast<void(*)(float*)>({LAMBDA});\np(y);", ""),
+        (f"void (*p)(float*) = {LAMBDA};\np(y);", ""),
+        (f"P<void(float*)>::type p = {LAMBDA};\np(y);",
+         "template <class T> struct P { using type = T*; };\n"),
+        ("P<void()>::type p = [] {};\np();",
+         "template <class T> struct P { using type = T*; };\n"),
+        ("S s;\nauto m = &S::f;\n(s.*m)(y);",
+         "struct S { __device__ void f(float* y) { y[0] = 1; } };\n"),
+    ],
+)
+def test_lambdas_made_function_pointers_are_refused(body, head):
+    assert "token.function_pointer" in checks(head + kernel(body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "int i = threadIdx.x; float a = 2.0f, b[4] = {};\n"
+        "y[i] = a + b[i] * b[+i] - b[-i] + (a) * b[i & 3] + float(i & 1);",
+        "auto f = [&](int i) { return y[i] * 2.0f; };\n"
+        "y[0] = f(0) + [](float v) { return v; }(1.0f);",
+        "int* [[maybe_unused]] p = 0;\n[[maybe_unused]] int q = 0;",
+        "const float& r = y[0]; float s = *&r; y[1] = s * float(int(s));",
+        "int (r) = 1; (void)r; long long z = (long long)(r); y[0] = float(z);",
+        "struct W { __device__ operator float() const { return 1.0f; } };\n"
+        "y[0] = float(W());",
+    ],
+)
+def test_lambdas_and_operators_that_make_no_pointer_pass(body):
+    verdict = scan_source(kernel(body), "k")
+    assert verdict.accepted, verdict.violations
+
+
 def test_virtual_dispatch_is_refused():
     source = "struct B { virtual float f(); };\n" + kernel("")
     assert "token.function_pointer" in checks(source)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from lib.security.seal import (
     FORMAT_VERSION,
-    INDEX_NAME,
     MAGIC,
     Seal,
     SealedEntry,
@@ -121,9 +120,18 @@ def test_atomic_write_leaves_no_temporary_files(seal, tmp_path):
     for n in range(5):
         seal.write(make(seal, binary=bytes([n]) * 10), folder / "a.sealed")
     names = sorted(p.name for p in folder.iterdir())
-    assert names == sorted([".seal.lock", INDEX_NAME, "a.sealed"])
+    assert names == ["a.sealed"]  # no bookkeeping in the cache folder
     keys = sorted(p.name for p in (tmp_path / "keys").iterdir())
-    assert keys == ["seal.key", "seal.key.counter", "seal.key.lock"]
+    assert keys == ["seal.key", "seal.key.counter", "seal.key.index",
+                    "seal.key.lock"]
+
+
+def test_index_lives_next_to_the_key_with_mode_0600(seal, tmp_path):
+    seal.write(make(seal), tmp_path / "cache" / "a.sealed")
+    assert seal.index_path == tmp_path / "keys" / "seal.key.index"
+    assert stat.S_IMODE(seal.index_path.stat().st_mode) == 0o600
+    marks = json.loads(seal.index_path.read_text())["high_water"]
+    assert marks == {str(tmp_path / "cache"): {HASH_A: 1}}
 
 
 # ---- attacks --------------------------------------------------------------------
@@ -223,13 +231,75 @@ def test_write_keeps_the_newer_entry(seal, tmp_path):
     assert seal.load(path, HASH_A)[0].binary == b"new"
 
 
+def _cache_files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_rollback_with_the_cache_folder_emptied_around_it(seal, tmp_path):
+    folder = tmp_path / "cache"
+    path = folder / "a.sealed"
+    seal.write(make(seal, binary=b"old"), path)
+    old = path.read_bytes()
+    seal.write(make(seal, binary=b"new"), path)
+    path.write_bytes(old)
+    for p in _cache_files(folder):
+        if p != path:
+            p.unlink()
+    assert seal.load(path, HASH_A)[1].checks == ("seal.rollback",)
+
+
+def test_rollback_with_the_whole_cache_folder_restored(seal, tmp_path):
+    folder = tmp_path / "cache"
+    path = folder / "a.sealed"
+    seal.write(make(seal, binary=b"old"), path)
+    snapshot = _cache_files(folder)
+    seal.write(make(seal, binary=b"new"), path)
+    for p in _cache_files(folder):
+        if p not in snapshot:
+            p.unlink()
+    for p, data in snapshot.items():
+        p.write_bytes(data)
+    assert seal.load(path, HASH_A)[1].checks == ("seal.rollback",)
+
+
+def test_a_stale_index_file_in_the_cache_folder_is_ignored(seal, tmp_path):
+    folder = tmp_path / "cache"
+    seal.write(make(seal, binary=b"old"), folder / "a.sealed")
+    old = (folder / "a.sealed").read_bytes()
+    seal.write(make(seal, binary=b"new"), folder / "a.sealed")
+    (folder / "a.sealed").write_bytes(old)
+    (folder / ".seal-index.json").write_text('{"high_water": {}, "mac": ""}')
+    assert seal.load(folder / "a.sealed", HASH_A)[1].checks == ("seal.rollback",)
+
+
+def test_entry_copied_into_a_folder_it_was_never_written_to(seal, tmp_path):
+    seal.write(make(seal), tmp_path / "cache" / "a.sealed")
+    other = tmp_path / "elsewhere" / "a.sealed"
+    other.parent.mkdir()
+    other.write_bytes((tmp_path / "cache" / "a.sealed").read_bytes())
+    loaded, verdict = seal.load(other, HASH_A)
+    assert verdict.checks == ("seal.rollback",)
+    assert loaded is None
+    assert seal.load(tmp_path / "cache" / "a.sealed", HASH_A)[1].accepted
+
+
+def test_each_folder_keeps_its_own_marks(seal, tmp_path):
+    first, second = tmp_path / "one" / "a.sealed", tmp_path / "two" / "a.sealed"
+    seal.write(make(seal, binary=b"older"), first)
+    seal.write(make(seal, binary=b"newer"), second)
+    assert seal.load(first, HASH_A)[1].accepted
+    assert seal.load(second, HASH_A)[1].accepted
+
+
 def test_tampered_index_is_reported(seal, tmp_path):
     folder = tmp_path / "cache"
     seal.write(make(seal), folder / "a.sealed")
-    index = json.loads((folder / INDEX_NAME).read_text())
-    index["high_water"][HASH_A] = 0
-    (folder / INDEX_NAME).write_text(json.dumps(index))
-    assert "seal.index" in seal.load(folder / "a.sealed", HASH_A)[1].checks
+    index = json.loads(seal.index_path.read_text())
+    index["high_water"][str(folder)][HASH_A] = 0
+    seal.index_path.write_text(json.dumps(index))
+    assert seal.load(folder / "a.sealed", HASH_A)[1].checks == ("seal.index",)
+    with pytest.raises(SealError, match="high-water index"):
+        seal.write(make(seal), folder / "a.sealed")
 
 
 @pytest.mark.parametrize("keep", [0, 5, len(MAGIC) + 3, 40, -200, -1])

@@ -45,7 +45,7 @@ from lib.contract import Decision, TaskSpec
 from lib.machines import Machine, load_machine
 from lib.security.gate1 import check_decision
 from lib.security.scan import check_compile_options, scan_source
-from lib.security.seal import INDEX_NAME, Seal, SealedEntry
+from lib.security.seal import Seal, SealedEntry
 from lib.security.verdict import Verdict
 from lib.telemetry import busy
 
@@ -797,10 +797,15 @@ Recipe = Callable[["_SealBench", Path], Callable[[], Verdict]]
 
 @dataclass
 class _SealBench:
-    """Two keys (ours and a stranger's) and a seeded byte picker."""
+    """Our key, a stranger's, a spare one and a seeded byte picker.
+
+    The spare key is for the case that corrupts a key's high-water index:
+    done to ours, it would refuse every other case's entry too.
+    """
 
     seal: Seal
     stranger: Seal
+    spare: Seal
     rng: random.Random
 
     def entry(self, config_hash: str = HASH_A, by: Seal | None = None,
@@ -890,18 +895,32 @@ def _rollback_copy(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
     return b.load(copy)
 
 
+def _folder_files(folder: Path) -> dict[Path, bytes]:
+    """Every file the attacker can reach in a cache folder, with its bytes."""
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _rollback_index_deleted(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
+    """Put the old entry back and delete every other file in the cache folder
+    (a high-water index kept there would go with them)."""
     recipe = _rollback(b, folder)
-    (folder / INDEX_NAME).unlink()
+    for p in _folder_files(folder):
+        if p.name != "entry.sealed":
+            p.unlink()
     return recipe
 
 
 def _rollback_old_index(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
+    """Snapshot the whole cache folder after the old write and restore it after
+    the new one (an index kept there would be restored with the entry)."""
     path = b.written(folder, b.entry(binary=b"old, vulnerable build"))
-    old_entry, old_index = path.read_bytes(), (folder / INDEX_NAME).read_bytes()
+    snapshot = _folder_files(folder)
     b.written(folder, b.entry(binary=b"new, fixed build"))
-    path.write_bytes(old_entry)
-    (folder / INDEX_NAME).write_bytes(old_index)
+    for p in _folder_files(folder):
+        if p not in snapshot:
+            p.unlink()
+    for p, data in snapshot.items():
+        p.write_bytes(data)
     return b.load(path)
 
 
@@ -939,12 +958,19 @@ def _foreign_file(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
 
 
 def _tamper_index(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
-    path = b.written(folder)
-    index = folder / INDEX_NAME
+    """Lower the marks in the high-water index next to the (spare) key.
+
+    The index lives in the trusted key folder, out of the cache attacker's
+    reach; this is corruption, or an attacker without the key who got in
+    there. Either way the index MAC must refuse it."""
+    path = folder / "entry.sealed"
+    b.spare.write(b.entry(by=b.spare), path)
+    index = b.spare.index_path
     obj = json.loads(index.read_bytes())
-    obj["high_water"] = {k: 0 for k in obj["high_water"]}
+    obj["high_water"] = {f: {k: 0 for k in row}
+                         for f, row in obj["high_water"].items()}
     index.write_bytes(json.dumps(obj).encode())
-    return b.load(path)
+    return lambda: b.spare.load(path, HASH_A)[1]
 
 
 def _symlink(b: _SealBench, folder: Path) -> Callable[[], Verdict]:
@@ -1125,7 +1151,7 @@ def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
 
     Raises:
         ValueError: ``repeats`` below 1.
-        AuditError: the case table is malformed, or the key file is not 0600.
+        AuditError: the case table is malformed, or a key file is not 0600.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
@@ -1135,11 +1161,13 @@ def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
     with tempfile.TemporaryDirectory(prefix="gpuhive-audit-") as tmp:
         root = Path(tmp)
         bench = _SealBench(Seal(root / "keys" / "seal.key"),
-                           Seal(root / "stranger" / "seal.key"), rng)
-        mode = stat.S_IMODE((root / "keys" / "seal.key").stat().st_mode)
-        if mode != 0o600:
-            raise AuditError(f"key file {root / 'keys' / 'seal.key'} has mode "
-                             f"{mode:04o}, expected 0600")
+                           Seal(root / "stranger" / "seal.key"),
+                           Seal(root / "spare" / "seal.key"), rng)
+        for key in (bench.seal, bench.stranger, bench.spare):
+            mode = stat.S_IMODE(key.key_path.stat().st_mode)
+            if mode != 0o600:
+                raise AuditError(f"key file {key.key_path} has mode {mode:04o}, "
+                                 "expected 0600")
         calls = [_gate_call(c, machine, bench, root) for c in cases]
         checks: list[list[tuple[str, ...]]] = [[] for _ in cases]
         seconds: list[list[float]] = [[] for _ in cases]

@@ -52,7 +52,9 @@ token.malloc                   ``malloc``, ``free(``, ``new``, ``delete``,
 token.trap                     ``__trap``, ``__brkpt``, ``assert``...
 token.function_pointer         ``( * name ) (``, function typedefs,
                                ``decltype(&f)``, ``&f``, ``std::function``,
-                               ``virtual``
+                               ``virtual``, a lambda made a function
+                               pointer by unary ``+``/``*``/``&``, function
+                               types such as ``void(float*)``, ``.*``/``->*``
 token.device_launch            ``<<<``, ``cudaLaunchKernel``,
                                ``cudaLaunchDevice``, ``cudaGraphLaunch``...
 token.raw_string               raw string literals ``R"(...)"``
@@ -183,6 +185,12 @@ _ATTRIBUTE_WORDS = frozenset(
     {"__launch_bounds__", "__attribute__", "__declspec", "alignas", "__align__",
      "__maxnreg__", "__cluster_dims__"}
 )
+_BUILTIN_TYPES = frozenset(
+    {"void", "bool", "char", "char8_t", "char16_t", "char32_t", "wchar_t", "short",
+     "int", "long", "float", "double", "signed", "unsigned"}
+)
+#: Keywords that end an operand (so an operator after them is binary).
+_OPERAND_KEYWORDS = frozenset({"this", "true", "false", "nullptr"})
 _NOT_FUNCTIONS = frozenset(
     {"if", "for", "while", "switch", "catch", "return", "sizeof", "decltype",
      "alignof", "static_assert"} | _ATTRIBUTE_WORDS
@@ -800,6 +808,9 @@ class _Scanner:
                     self.flag(hit[0], f"{hit[1]} '{name}'", t, note)
                 elif name in ("typedef", "using"):
                     self.check_type_alias(toks, i, note)
+                elif name in _BUILTIN_TYPES and self._function_type(toks, i):
+                    self.flag("token.function_pointer", f"function type "
+                              f"'{name}(...)'", t, note)
                 elif name == "decltype" and self._decltype_fn(toks, i):
                     self.flag("token.function_pointer", "decltype of a function "
                               "address", t, note)
@@ -812,6 +823,12 @@ class _Scanner:
                 elif t.text == "(" and self._fp_declarator(toks, i):
                     self.flag("token.function_pointer", "function pointer "
                               "declarator '( * name ) ('", toks[i + 1], note)
+                elif t.text in ("+", "*", "&") and self._lambda_decay(toks, i):
+                    self.flag("token.function_pointer", f"unary '{t.text}' on a "
+                              "lambda (makes a function pointer)", t, note)
+                elif t.text in (".*", "->*"):
+                    self.flag("token.function_pointer", f"pointer-to-member "
+                              f"access '{t.text}'", t, note)
 
     @staticmethod
     def _fp_declarator(toks: list[_Tok], i: int) -> bool:
@@ -833,6 +850,56 @@ class _Scanner:
                 k += 1
             k += 1
         return k + 1 < n and toks[k].text == ")" and toks[k + 1].text == "("
+
+    @staticmethod
+    def _lambda_decay(toks: list[_Tok], i: int) -> bool:
+        """Unary ``+``, ``*`` or ``&`` at ``toks[i]`` applied to a lambda.
+
+        ``+[](float* q) {...}`` converts a captureless lambda to a plain
+        function pointer (``*`` to a function reference). A ``[`` right after
+        an operator can only open a lambda (``[[`` is an attribute, as in
+        ``int* [[attr]] p``). The operator is unary unless an operand (a
+        name, literal, ``)`` or ``]``) ends just before it, as in ``f(0) +
+        [](float v) { return v; }(1.0f)``. A cast ``(F) +[]...`` needs a
+        function pointer type ``F``, refused where it is spelled.
+        """
+        n = len(toks)
+        if i + 1 >= n or toks[i + 1].text != "[" or toks[i + 1].kind != "punct":
+            return False
+        if i + 2 < n and toks[i + 2].text == "[":
+            return False
+        if i == 0:
+            return True
+        prev = toks[i - 1]
+        if prev.kind in ("num", "str", "chr", "raw") or prev.text in ("]", ")"):
+            return False
+        return not (prev.kind == "id" and (prev.text not in _KEYWORDS
+                                           or prev.text in _OPERAND_KEYWORDS))
+
+    @staticmethod
+    def _function_type(toks: list[_Tok], i: int) -> bool:
+        """A function type ``R(A...)`` with built-in ``R`` at ``toks[i]``.
+
+        ``P<void(float*)>::type p = lambda;`` spells a function pointer type
+        without a declarator or an alias. The parentheses hold a parameter
+        list when they open on a built-in type not itself called or braced
+        (``float(int*)``, ``void(const float&)``, ``int(void)``), or are
+        empty after ``void``. Functional casts (``float(i)``,
+        ``float(int(x))``) and parenthesised declarators (``int (x)``) pass.
+        """
+        n = len(toks)
+        if i + 2 >= n or toks[i + 1].text != "(" or toks[i + 1].kind != "punct":
+            return False
+        if i and toks[i - 1].text == "operator":
+            return False  # a conversion function, e.g. operator float()
+        k = i + 2
+        if toks[k].text == ")":
+            return toks[i].text == "void"
+        start = k
+        while k < n and toks[k].kind == "id" and (
+                toks[k].text in _BUILTIN_TYPES or toks[k].text in _QUALIFIERS):
+            k += 1
+        return k > start and (k >= n or toks[k].text not in ("(", "{"))
 
     def check_type_alias(self, toks: list[_Tok], i: int, note: str) -> None:
         """``typedef R name(A)`` / ``using F = R(A)``: a function type."""

@@ -6,12 +6,22 @@ a cache entry: source, compiled bytes, config hash, compile options, target
 architecture, compiler version, format version and a monotonic counter. The
 fields are length-prefixed before hashing, so no two tuples share a message.
 
+Threat model: the cache folder is writable by an attacker, who may delete,
+replace, copy or restore any file in it. The key folder is trusted: the key
+lives there (mode 0600, folder 0700), and whoever can write there holds the
+key anyway. So everything that vouches for freshness lives next to the key,
+never in the cache folder.
+
 The counter is persisted next to the key (``<key>.counter``, itself MACed) and
-incremented under a file lock, so it is unique across processes. Each cache
-folder keeps a MACed high-water index (``.seal-index.json``): the newest
-counter written for each config hash. An older, still validly sealed entry put
-back in place is then refused as a rollback. Deleting the index itself is not
-detectable from the folder alone; keep the key folder apart from the cache.
+incremented under a file lock, so it is unique across processes. The
+high-water index is kept next to the key as well (``<key>.index``, mode 0600,
+MACed, replaced atomically under the key's lock): for each cache folder (its
+absolute path as written, symlinks not resolved, so a subfolder swapped for a
+link elsewhere keeps its marks) and each config hash, the newest counter
+written there by :meth:`Seal.write`. :meth:`Seal.load` refuses as a rollback
+an otherwise genuine entry whose counter is below that mark, or that has no
+mark at all (never written to that folder under this key: copied in from
+elsewhere). Deleting or restoring files in the cache folder changes neither.
 
 :meth:`Seal.verify` and :meth:`Seal.load` never raise on bad input; they
 return a :class:`~lib.security.verdict.Verdict` (gate ``"gate2b"``):
@@ -29,7 +39,9 @@ seal.mac            a MAC that does not match: a changed byte anywhere, or an
 seal.key_mismatch   a genuine entry for another config hash than the one asked
                     for (an entry swapped between cache keys)
 seal.rollback       a counter below the high-water mark for that config hash
-seal.index          a high-water index that is unreadable or wrongly MACed
+                    in that folder, or an entry never written to that folder
+seal.index          a high-water index (next to the key) that is unreadable or
+                    wrongly MACed
 ==================  ===========================================================
 
 Key-file problems (wrong mode, owner, size, a symlink) raise :class:`SealError`
@@ -66,8 +78,8 @@ GATE = "gate2b"
 FORMAT_VERSION = 1
 KEY_BYTES = 32
 MAGIC = b"GPUHIVE-SEAL"
-INDEX_NAME = ".seal-index.json"
-LOCK_NAME = ".seal.lock"
+#: Suffix of the high-water index next to the key: ``<key>.index``.
+INDEX_SUFFIX = ".index"
 #: Entry files larger than this (bytes) are refused unread.
 MAX_ENTRY_BYTES = 1 << 30
 
@@ -340,6 +352,8 @@ class Seal:
         self.key_path = Path(key_path)
         self._counter_path = self.key_path.with_name(self.key_path.name + ".counter")
         self._lock_path = self.key_path.with_name(self.key_path.name + ".lock")
+        #: The high-water index, next to the key (never in a cache folder).
+        self.index_path = self.key_path.with_name(self.key_path.name + INDEX_SUFFIX)
         self._key = self._load_or_create_key()
 
     # ---- the key -----------------------------------------------------------
@@ -447,9 +461,13 @@ class Seal:
     def _index_mac(self, marks: dict) -> str:
         return self._hmac(b"gpuhive.seal.index", _canonical_json(marks))
 
-    def _read_index(self, folder: Path) -> dict[str, int]:
-        """The folder's high-water marks; raises SealError when tampered."""
-        path = folder / INDEX_NAME
+    def _read_index(self) -> dict[str, dict[str, int]]:
+        """Cache folder -> config hash -> newest counter written there.
+
+        Raises:
+            SealError: the index next to the key is unreadable or tampered.
+        """
+        path = self.index_path
         try:
             data = _read_small(path, 64 << 20)
         except FileNotFoundError:
@@ -460,8 +478,10 @@ class Seal:
             obj = json.loads(data.decode("ascii"))
             marks = obj["high_water"]
             ok = isinstance(marks, dict) and all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                for k, v in marks.items()
+                isinstance(folder, str) and isinstance(row, dict) and all(
+                    isinstance(k, str) and isinstance(v, int)
+                    and not isinstance(v, bool) for k, v in row.items())
+                for folder, row in marks.items()
             ) and hmac.compare_digest(str(obj["mac"]), self._index_mac(marks))
         except (ValueError, UnicodeDecodeError, KeyError, TypeError):
             ok = False
@@ -469,6 +489,12 @@ class Seal:
             raise SealError(f"high-water index {path} is malformed or its MAC is "
                             "wrong")
         return marks
+
+    @staticmethod
+    def _folder_key(path: Path) -> str:
+        """The index key of the folder holding ``path``: its absolute path,
+        symlinks not resolved (the folder as the caller names it)."""
+        return os.path.abspath(path.parent)
 
     # ---- sealing ---------------------------------------------------------------
     def mac(self, entry: SealedEntry) -> str:
@@ -503,8 +529,8 @@ class Seal:
         return dataclasses.replace(entry, mac=self.mac(entry))
 
     def write(self, entry: SealedEntry, path: Path | str) -> bool:
-        """Write ``entry`` to ``path`` atomically and raise the folder's
-        high-water mark for its config hash.
+        """Write ``entry`` to ``path`` atomically and raise the high-water
+        mark of its folder and config hash in the index next to the key.
 
         Returns:
             ``True`` when written; ``False`` when a newer entry for the same
@@ -512,7 +538,7 @@ class Seal:
 
         Raises:
             SealError: ``entry`` does not verify under this key, or the
-                folder's high-water index is tampered.
+                high-water index is tampered.
         """
         path = Path(path)
         check = self.verify(entry, getattr(entry, "config_hash", ""))
@@ -520,21 +546,22 @@ class Seal:
             raise SealError(f"refusing to write {path}: {check.summary()}")
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _encode(entry)
-        with _locked(path.parent / LOCK_NAME):
-            marks = self._read_index(path.parent)
-            high = marks.get(entry.config_hash, 0)
+        folder = self._folder_key(path)
+        with _locked(self._lock_path):
+            marks = self._read_index()
+            row = marks.setdefault(folder, {})
+            high = row.get(entry.config_hash, 0)
             if entry.counter < high:
                 return False
             _atomic_write(path, data)
             if entry.counter > high:
-                marks[entry.config_hash] = entry.counter
-                _atomic_write(path.parent / INDEX_NAME, _canonical_json(
+                row[entry.config_hash] = entry.counter
+                _atomic_write(self.index_path, _canonical_json(
                     {"high_water": marks, "mac": self._index_mac(marks)}))
         return True
 
     # ---- verifying ---------------------------------------------------------------
-    def _check(self, entry: object, expected: object,
-               high_water: int | None) -> list[Violation]:
+    def _check(self, entry: object, expected: object) -> list[Violation]:
         if not isinstance(entry, SealedEntry):
             return [Violation("seal.format", f"expected a SealedEntry, got "
                               f"{type(entry).__name__}")]
@@ -568,22 +595,33 @@ class Seal:
             found.append(Violation("seal.key_mismatch", f"entry is for config hash "
                                    f"{entry.config_hash[:64]!r}, expected "
                                    f"{str(expected)[:64]!r}"))
-        if high_water is not None and entry.counter < high_water:
-            found.append(Violation("seal.rollback", f"counter {entry.counter} is "
-                                   f"below the newest {high_water} written for "
-                                   f"config hash {entry.config_hash[:64]!r}"))
         return found
+
+    @staticmethod
+    def _freshness(entry: SealedEntry, folder: str,
+                   marks: dict[str, dict[str, int]]) -> list[Violation]:
+        """Rollback check of a genuine entry against the high-water index."""
+        high = marks.get(folder, {}).get(entry.config_hash)
+        if high is None:
+            return [Violation("seal.rollback", f"no entry for config hash "
+                              f"{entry.config_hash[:64]!r} was written to "
+                              f"{folder[:200]} under this key (copied in?)")]
+        if entry.counter < high:
+            return [Violation("seal.rollback", f"counter {entry.counter} is below "
+                              f"the newest {high} written to {folder[:200]} for "
+                              f"config hash {entry.config_hash[:64]!r}")]
+        return []
 
     def verify(self, entry: SealedEntry, expected_config_hash: str) -> Verdict:
         """Gate 2b on an entry in memory; never raises.
 
         Checks the format, the MAC (over every field) and that the entry is
-        for ``expected_config_hash``. Rollback needs the folder's index and is
+        for ``expected_config_hash``. Rollback needs the entry's folder and is
         checked by :meth:`load`.
         """
         start = time.perf_counter()
         try:
-            found = self._check(entry, expected_config_hash, None)
+            found = self._check(entry, expected_config_hash)
         except Exception as exc:  # fail closed
             found = [Violation("seal.format", f"cannot verify: {exc!s:.80}")]
         return Verdict(GATE, tuple(found), time.perf_counter() - start)
@@ -592,6 +630,10 @@ class Seal:
         self, path: Path | str, expected_config_hash: str
     ) -> tuple[SealedEntry | None, Verdict]:
         """Gate 2b on a file; never raises.
+
+        On top of :meth:`verify`, an otherwise genuine entry is checked
+        against the high-water index next to the key (``seal.rollback``); an
+        unreadable index is ``seal.index``.
 
         Returns:
             ``(entry, verdict)``; ``entry`` is ``None`` unless the verdict is
@@ -611,12 +653,16 @@ class Seal:
             if data is not None:
                 entry, found = _parse(data)
             if entry is not None:
-                high: int | None = None
+                found.extend(self._check(entry, expected_config_hash))
+            if entry is not None and not found:
+                # Only a genuine entry's counter means anything.
                 try:
-                    high = self._read_index(path.parent).get(entry.config_hash)
+                    marks = self._read_index()
                 except SealError as exc:
                     found.append(Violation("seal.index", str(exc)))
-                found.extend(self._check(entry, expected_config_hash, high))
+                else:
+                    found.extend(self._freshness(entry, self._folder_key(path),
+                                                 marks))
         except Exception as exc:  # fail closed
             found.append(Violation("seal.format", f"cannot load: {exc!s:.80}"))
         verdict = Verdict(GATE, tuple(found), time.perf_counter() - start)
