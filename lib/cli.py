@@ -270,6 +270,25 @@ def cmd_security_audit(args: argparse.Namespace) -> int:
     return 0 if perfect else 1
 
 
+# -- sweep ------------------------------------------------------------------
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from lib.execution.sweep import sweep
+
+    report = sweep(args.machine, args.backend, scale=args.scale,
+                   repeats=args.repeats, out=Path(args.out) if args.out else None)
+    lines = [f"sweep on {report['machine']} ({args.backend} backend), "
+             f"{report['wall_seconds']:.1f} s"]
+    for r in report["rows"]:
+        lines.append(f"  {r['kind']:<12} {r['plan']:<12} "
+                     f"{fmt_seconds(r['total_seconds']):>10} {r['label']:<16} "
+                     f"verified {str(r['verified']).lower()}")
+    if args.out:
+        lines.append(f"written to {args.out}")
+    _emit(args, report, "\n".join(lines))
+    return 0 if report["all_verified"] else 1
+
+
 # -- bench ------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -364,6 +383,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_security_audit)
+
+    p = sub.add_parser("sweep", help="every kind on one device and on all "
+                                     "devices, timed and verified (make gpu-check)")
+    p.add_argument("--machine", default="local-cpu")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiplies every task's divisible dimension")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", metavar="FILE", help="write the JSON here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("bench", help="benchmarks that print figures "
                                      "(the optimum's search time)")

@@ -1,17 +1,68 @@
-"""The cuda backend: CuPy on real GPUs (where a driver exists).
+"""The cuda backend: CuPy on real GPUs, one stream per device.
 
-:func:`probe` reports, without raising, what this machine lacks for CUDA: the
-CuPy package, a driver (``libcuda``), NVRTC and NCCL. The backend refuses to
-start, with that reason in one line, wherever a piece is missing.
+For a Decision the backend:
+
+1. gets each kernel's source from the code-gen plane (specialised to the
+   decision, scanned by Gate 2a) and compiles it with NVRTC through
+   ``cupy.RawModule``, with CuPy's kernel cache kept in memory
+   (``CUPY_CACHE_IN_MEMORY=1``) so nothing on disk enters the trust path;
+2. shards the inputs (:func:`lib.workloads.split_rows`) and, per device, on its
+   own non-blocking stream: copies the shard from pinned host memory, launches
+   the kernel, copies the result back, timing the three with CUDA events;
+3. in ``pipelined`` mode cuts each shard into chunks that alternate between two
+   streams, so the copy of one chunk overlaps the compute of the other;
+4. merges on the decision's comm path: ``concat`` gathers rows into the host
+   result; ``sum`` adds partials on the host (``host``), on the first device
+   after peer copies (``p2p``, where ``deviceCanAccessPeer`` allows), or with an
+   NCCL all-reduce (``nccl``).
+
+Out-of-memory or a device error on one device raises
+:class:`~lib.execution.base.DeviceError` naming the device, the shard and the
+decision hash -- or, with ``allow_replan=True``, re-plans once on the remaining
+devices (shares renormalised, the new decision through Gate 1) and says so in
+``Result.detail["replanned"]``. Never a partial result marked complete.
+
+:func:`probe` reports, without raising, what this machine lacks for CUDA.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import statistics
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from lib.execution.base import BackendUnavailable
+import numpy as np
+
+from lib.contract import Decision, TaskSpec
+from lib.execution.base import (
+    BackendUnavailable,
+    DeviceError,
+    ExecutionError,
+    ExecutionMetrics,
+    Result,
+)
 from lib.machines import Machine
+from lib.workloads import Arrays, round_bf16, split_rows, workload
+from lib.workloads import verify as verify_output
+
+#: entry points the kernels provide per (kind, dtype)
+KERNEL_DTYPES: dict[str, tuple[str, ...]] = {
+    "matmul": ("fp32", "fp16", "bf16"),
+    "reduce": ("fp32", "fp16", "bf16"),
+    "elementwise": ("fp32", "fp16", "bf16"),
+    "stencil": ("fp32", "fp64"),
+    "histogram": ("fp32",),
+}
+MATMUL_TILE = 16
+#: 1-D grids are capped here; the kernels' grid-stride loops cover the rest.
+MAX_BLOCKS = 4096
+
+#: (task, decision) -> (source, kernel name, NVRTC options)
+SourceProvider = Callable[[TaskSpec, Decision], tuple[str, str, tuple[str, ...]]]
 
 
 @dataclass(frozen=True)
@@ -20,10 +71,10 @@ class CudaProbe:
 
     Attributes:
         cupy: CuPy imports.
-        driver: a CUDA driver answered (device count > 0).
+        driver: a CUDA driver answered.
         devices: CUDA devices visible.
         nvrtc: NVRTC can compile (works without a driver).
-        nccl: CuPy's NCCL binding imports.
+        nccl: CuPy's NCCL binding is usable.
         reasons: what is missing, one short phrase each.
     """
 
@@ -75,7 +126,7 @@ def _probe() -> CudaProbe:
     nccl = False
     if has_cupy:
         try:
-            from cupy.cuda import nccl as _nccl  # noqa: F401
+            from cupy.cuda import nccl as _nccl
             nccl = bool(getattr(_nccl, "available", True))
             if not nccl:
                 reasons.append("NCCL unavailable in this CuPy build")
@@ -92,21 +143,394 @@ def _short(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"[:120]
 
 
+# --------------------------------------------------------------------------
+# Pure helpers (tested without a GPU)
+
+def entry_point(task: TaskSpec) -> str:
+    """The kernel entry point for the task (``matmul_fp16``...).
+
+    Raises:
+        ExecutionError: the kernels have no entry point for the task's dtype.
+    """
+    if task.dtype not in KERNEL_DTYPES[task.kind]:
+        raise ExecutionError(
+            f"no {task.kind}_{task.dtype} kernel: {task.kind} runs in "
+            f"{', '.join(KERNEL_DTYPES[task.kind])} on the cuda backend")
+    return f"{task.kind}_{task.dtype}"
+
+
+def launch_geometry(task: TaskSpec, rows: int, block: int) -> tuple[tuple[int, ...],
+                                                                     tuple[int, ...]]:
+    """``(grid, block)`` for one launch over ``rows`` rows of the task.
+
+    matmul: a 2-D grid of TILE x TILE output tiles; stencil: one block per row of
+    the band; the 1-D kernels: ``ceil(elements / block)`` blocks, capped at
+    :data:`MAX_BLOCKS` (their grid-stride loops cover the rest).
+    """
+    if task.kind == "matmul":
+        n = task.dims["N"]
+        return ((math.ceil(n / MATMUL_TILE), math.ceil(rows / MATMUL_TILE), 1),
+                (block, 1, 1))
+    if task.kind == "stencil":
+        return ((max(1, rows), 1, 1), (block, 1, 1))
+    return ((max(1, min(MAX_BLOCKS, math.ceil(rows / block))), 1, 1), (block, 1, 1))
+
+
+def chunk_bounds(lo: int, hi: int, chunk: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into consecutive pieces of at most ``chunk`` rows."""
+    chunk = max(1, chunk)
+    return [(a, min(hi, a + chunk)) for a in range(lo, hi, chunk)]
+
+
+def to_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Host array in the layout the kernel reads (bf16 as raw 16-bit words)."""
+    if dtype == "bf16":
+        return (round_bf16(x.astype(np.float32)).view(np.uint32)
+                >> np.uint32(16)).astype(np.uint16)
+    return x
+
+
+def from_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Inverse of :func:`to_device_dtype` (bf16 words back to float32)."""
+    if dtype == "bf16" and x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return x
+
+
+def replan(decision: Decision, failed: int) -> Decision:
+    """The decision without device ``failed``, shares renormalised (unhashed)."""
+    keep = [(g, s) for g, s in zip(decision.gpus, decision.shares, strict=True)
+            if g != failed and s > 0]
+    if not keep:
+        raise ExecutionError(f"no device left after device {failed} failed")
+    total = math.fsum(s for _, s in keep)
+    shares = [s / total for _, s in keep]
+    shares[-1] = 1.0 - math.fsum(shares[:-1])
+    mode = "single" if len(keep) == 1 and decision.mode == "split" else decision.mode
+    path = decision.comm_path if len(keep) > 1 else "host"
+    return replace(decision, gpus=tuple(g for g, _ in keep), shares=tuple(shares),
+                   mode=mode, comm_path=path, config_hash="")
+
+
+# --------------------------------------------------------------------------
+# The backend
+
 class CudaBackend:
     """Runs decisions on CUDA devices through CuPy.
 
-    The multi-device execution path (streams, pinned copies, NVRTC-compiled
-    kernels, NCCL merges) is not part of this release; on a machine with a
-    working CUDA stack the constructor says so rather than pretend.
+    Args:
+        machine: the profile; device ``i`` is CUDA ordinal
+            ``device_map[i]`` (default ``i``).
+        seed: seed of the inputs.
+        repeats, warmup: timed and untimed runs (figures are medians).
+        source_provider: where kernel source comes from; default the code-gen
+            plane's template provider (Gate 2a on every source).
+        allow_replan: re-plan once on the remaining devices when one fails.
+        device_map: profile index -> CUDA ordinal.
     """
 
     name = "cuda"
     measured = True
 
-    def __init__(self, machine: Machine, **_: object):
+    def __init__(self, machine: Machine, seed: int = 0, repeats: int = 1,
+                 warmup: int = 1, source_provider: SourceProvider | None = None,
+                 allow_replan: bool = False,
+                 device_map: dict[int, int] | None = None):
         found = probe()
         if not found.usable:
             raise BackendUnavailable("cuda backend unavailable: "
                                      + "; ".join(found.reasons))
-        raise BackendUnavailable("cuda backend: the CuPy execution path is not "
-                                 "implemented yet; use --backend model or cpu")
+        if any(d.kind != "gpu" for d in machine.devices):
+            raise BackendUnavailable(f"cuda backend: machine {machine.name} has "
+                                     "non-GPU devices; use --machine nvml")
+        self.device_map = device_map or {i: i for i in range(machine.n)}
+        missing = [i for i, o in self.device_map.items() if o >= found.devices]
+        if missing:
+            raise BackendUnavailable(
+                f"cuda backend: profile {machine.name} names {machine.n} device(s) "
+                f"but only {found.devices} CUDA device(s) are visible")
+        os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "1")
+        import cupy
+
+        self.cp = cupy
+        self.machine = machine
+        self.seed = seed
+        self.repeats = max(1, repeats)
+        self.warmup = max(0, warmup)
+        self.allow_replan = allow_replan
+        self.nccl_ok = found.nccl
+        self.source_provider = source_provider or default_source_provider
+        self._modules: dict[tuple[int, str, str], Any] = {}
+
+    def close(self) -> None:
+        """Free cached modules and the memory pools."""
+        self._modules.clear()
+        self.cp.get_default_memory_pool().free_all_blocks()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def __enter__(self) -> CudaBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- kernels -------------------------------------------------------------
+
+    def _kernel(self, ordinal: int, task: TaskSpec, decision: Decision):
+        source, name, options = self.source_provider(task, decision)
+        key = (ordinal, name, source)
+        if key not in self._modules:
+            with self.cp.cuda.Device(ordinal):
+                module = self.cp.RawModule(code=source, options=tuple(options),
+                                           backend="nvrtc")
+                self._modules[key] = module.get_function(name)
+        return self._modules[key]
+
+    # -- running -------------------------------------------------------------
+
+    def run(self, task: TaskSpec, decision: Decision, *,
+            verify: bool = False) -> Result:
+        """Run the decision; MEASURED (CUDA events), medians over repeats."""
+        w = workload(task)
+        inputs = w.make_inputs(task, self.seed)
+        try:
+            result, per_dev, totals = self._timed(task, decision, inputs)
+            detail: dict[str, Any] = {"all_totals": totals}
+        except DeviceError as err:
+            if not self.allow_replan:
+                raise
+            from lib.security.gate1 import check_decision
+
+            fallback = replan(decision, err.device).with_hash(task)
+            verdict = check_decision(fallback, task, self.machine)
+            if not verdict.accepted:
+                raise ExecutionError(f"{err}; re-plan refused by "
+                                     f"{verdict.summary()}") from err
+            result, per_dev, totals = self._timed(task, fallback, inputs)
+            detail = {"all_totals": totals, "replanned": {
+                "failed_device": err.device, "reason": str(err),
+                "decision": fallback.to_json()}}
+            decision = fallback
+        ok, err_abs = None, None
+        if verify:
+            ok, err_abs = verify_output(task, result, w.reference(task, inputs))
+        metrics = ExecutionMetrics(
+            backend="cuda", measured=True,
+            per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
+            total_seconds=statistics.median(totals), verified=ok,
+            max_abs_error=err_abs, repeats=self.repeats)
+        return Result(output=result, metrics=metrics, task=task, decision=decision,
+                      detail=detail)
+
+    def _timed(self, task: TaskSpec, decision: Decision, inputs: Arrays):
+        import time
+
+        per_dev: dict[int, list[float]] = {}
+        totals: list[float] = []
+        result = None
+        for rep in range(self.warmup + self.repeats):
+            start = time.perf_counter()
+            result, times = self._once(task, decision, inputs)
+            elapsed = time.perf_counter() - start
+            if rep >= self.warmup:
+                totals.append(elapsed)
+                for g, t in times.items():
+                    per_dev.setdefault(g, []).append(t)
+        return result, per_dev, totals
+
+    def _once(self, task: TaskSpec, decision: Decision, inputs: Arrays):
+        """One run: launch every shard, wait, merge. Returns (result, times)."""
+        cp = self.cp
+        w = workload(task)
+        bounds = split_rows(task.split_size, decision.shares)
+        launches = []
+        for pos, (g, (lo, hi)) in enumerate(zip(decision.gpus, bounds, strict=True)):
+            if hi <= lo:
+                continue
+            try:
+                launches.append(self._launch(task, decision, inputs, pos, g, lo, hi))
+            except Exception as exc:
+                raise self._device_error(task, decision, bounds, pos, exc) from None
+        times: dict[int, float] = {}
+        partials = []
+        for pos, g, lo, hi, stream, events, out_host in launches:
+            try:
+                stream.synchronize()
+                times[g] = cp.cuda.get_elapsed_time(events[0], events[1]) / 1e3
+            except Exception as exc:
+                raise self._device_error(task, decision, bounds, pos, exc) from None
+            partials.append((pos, g, lo, hi, out_host))
+        if task.merge == "concat":
+            out = np.empty(w.output_shape(task, task.split_size),
+                           dtype=w.output_dtype(task))
+            for _, _, lo, hi, host in partials:
+                out[lo:hi] = from_device_dtype(host, task.dtype)
+            return out, times
+        return self._merge_sum(task, decision, partials), times
+
+    def _launch(self, task, decision, inputs, pos, g, lo, hi):
+        """Queue one shard on device ``g``'s stream; returns the launch record."""
+        cp = self.cp
+        w = workload(task)
+        ordinal = self.device_map[g]
+        with cp.cuda.Device(ordinal):
+            kernel = self._kernel(ordinal, task, decision)
+            streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(streams[0])
+            shard = w.shard_inputs(task, inputs, lo, hi)
+            pieces = (chunk_bounds(lo, hi, decision.chunk)
+                      if decision.mode == "pipelined" and task.kind != "stencil"
+                      else [(lo, hi)])
+            host_parts = []
+            fixed = {}
+            if task.kind == "matmul":  # B goes to the device once
+                fixed["B"] = _to_device(cp, shard["B"], task.dtype, streams[0])
+            for c, (a, b) in enumerate(pieces):
+                s = streams[c % 2]
+                if c:
+                    s.wait_event(start)
+                piece = w.shard_inputs(task, inputs, a, b)
+                host_parts.append(self._piece(task, kernel, piece, fixed, a, b,
+                                              decision.block, s))
+            for s in streams[1:]:
+                done = cp.cuda.Event()
+                done.record(s)
+                streams[0].wait_event(done)
+            stop.record(streams[0])
+        if task.merge == "concat":
+            out_host = np.concatenate(host_parts) if len(host_parts) > 1 \
+                else host_parts[0]
+        else:
+            out_host = host_parts
+        return pos, g, lo, hi, streams[0], (start, stop), out_host
+
+    def _piece(self, task, kernel, piece, fixed, lo, hi, block, stream):
+        """Copy in, launch, copy out one piece on ``stream``; returns pinned out."""
+        cp = self.cp
+        rows = hi - lo
+        grid, blk = launch_geometry(task, rows, block)
+        with stream:
+            if task.kind == "matmul":
+                a = _to_device(cp, piece["A"], task.dtype, stream)
+                n, k = task.dims["N"], task.dims["K"]
+                c = cp.empty((rows, n), dtype=a.dtype)
+                kernel(grid, blk, (a, fixed["B"], c, np.int32(rows), np.int32(n),
+                                   np.int32(k)), stream=stream)
+                return _to_host(cp, c, stream)
+            if task.kind == "elementwise":
+                x = _to_device(cp, piece["x"], task.dtype, stream)
+                y = _to_device(cp, piece["y"], task.dtype, stream)
+                out = cp.empty_like(x)
+                kernel(grid, blk, (np.float32(2.5), x, y, out, np.int64(rows)),
+                       stream=stream)
+                return _to_host(cp, out, stream)
+            if task.kind == "reduce":
+                x = _to_device(cp, piece["x"], task.dtype, stream)
+                partial = cp.zeros(grid[0], dtype=cp.float32)
+                kernel(grid, blk, (x, partial, np.int64(rows)), stream=stream)
+                total = partial.sum(dtype=cp.float64)
+                return _to_host(cp, total.reshape(1), stream)
+            if task.kind == "histogram":
+                x = _to_device(cp, piece["x"].astype(np.float32), "fp32", stream)
+                bins = task.dims["B"]
+                counts = cp.zeros(bins, dtype=cp.uint32)
+                kernel(grid, blk, (x, counts, np.int64(rows), np.int32(bins)),
+                       stream=stream)
+                return _to_host(cp, counts, stream)
+            # stencil: T sweeps over the band, ping-pong between two buffers
+            u = _to_device(cp, piece["u"], task.dtype, stream)
+            band_rows, width = piece["u"].shape
+            v = u.copy()
+            g2, b2 = launch_geometry(task, band_rows, block)
+            for _ in range(task.dims["T"]):
+                kernel(g2, b2, (u, v, np.int32(band_rows), np.int32(width)),
+                       stream=stream)
+                u, v = v, u
+            first = lo - max(0, lo - task.dims["T"])
+            return _to_host(cp, u[first:first + rows], stream)
+
+    def _merge_sum(self, task, decision, partials):
+        """Sum partial results on the decision's comm path."""
+        w = workload(task)
+        host_parts = [np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
+                      for *_, parts in partials]
+        path = decision.comm_path
+        if path in ("p2p", "nccl") and len(host_parts) > 1:
+            # stage the per-device partials on their devices, then meet on device
+            cp = self.cp
+            arrays = []
+            for (_, g, *_), part in zip(partials, host_parts, strict=True):
+                with cp.cuda.Device(self.device_map[g]):
+                    arrays.append(cp.asarray(part))
+            if path == "nccl" and self.nccl_ok:
+                total = self._nccl_allreduce(arrays, [p[1] for p in partials])
+            else:
+                total = self._peer_sum(arrays, [p[1] for p in partials])
+        else:
+            total = np.sum(host_parts, axis=0)
+        return np.asarray(total).astype(w.output_dtype(task))
+
+    def _peer_sum(self, arrays, gpus):
+        cp = self.cp
+        lead = self.device_map[gpus[0]]
+        with cp.cuda.Device(lead):
+            acc = arrays[0].copy()
+            for arr, g in zip(arrays[1:], gpus[1:], strict=True):
+                if cp.cuda.runtime.deviceCanAccessPeer(lead, self.device_map[g]):
+                    tmp = cp.empty_like(arr)
+                    cp.cuda.runtime.memcpyPeer(tmp.data.ptr, lead, arr.data.ptr,
+                                               self.device_map[g], arr.nbytes)
+                else:  # no peer access: through the host
+                    tmp = cp.asarray(cp.asnumpy(arr))
+                acc += tmp
+            return cp.asnumpy(acc)
+
+    def _nccl_allreduce(self, arrays, gpus):
+        cp = self.cp
+        from cupy.cuda import nccl
+
+        ordinals = [self.device_map[g] for g in gpus]
+        comms = nccl.NcclCommunicator.initAll(ordinals)
+        nccl.groupStart()
+        for comm, arr, o in zip(comms, arrays, ordinals, strict=True):
+            with cp.cuda.Device(o):
+                comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size,
+                               nccl.NCCL_FLOAT64, nccl.NCCL_SUM,
+                               cp.cuda.Stream.null.ptr)
+        nccl.groupEnd()
+        with cp.cuda.Device(ordinals[0]):
+            cp.cuda.Stream.null.synchronize()
+            return cp.asnumpy(arrays[0])
+
+    def _device_error(self, task, decision, bounds, pos, exc) -> DeviceError:
+        g = decision.gpus[pos]
+        kind = "out of memory" if "OutOfMemory" in type(exc).__name__ else "error"
+        return DeviceError(g, self.machine.devices[g].label, pos, bounds[pos],
+                           decision.config_hash,
+                           f"{kind}: {type(exc).__name__}: {exc!s:.160}")
+
+
+def _to_device(cp, host: np.ndarray, dtype: str, stream):
+    """Pinned staging, then an asynchronous copy on ``stream``."""
+    data = np.ascontiguousarray(to_device_dtype(host, dtype))
+    pinned = cp.cuda.alloc_pinned_memory(max(1, data.nbytes))
+    staged = np.frombuffer(pinned, data.dtype, data.size).reshape(data.shape)
+    staged[...] = data
+    dev = cp.empty(data.shape, dtype=data.dtype)
+    dev.set(staged, stream=stream)
+    return dev
+
+
+def _to_host(cp, dev, stream) -> np.ndarray:
+    pinned = cp.cuda.alloc_pinned_memory(max(1, dev.nbytes))
+    out = np.frombuffer(pinned, dev.dtype, dev.size).reshape(dev.shape)
+    dev.get(stream=stream, out=out)
+    return out
+
+
+def default_source_provider(task: TaskSpec, decision: Decision):
+    """Kernel source from the code-gen plane's template provider."""
+    from lib.codegen import template_source
+
+    return template_source(task, decision)

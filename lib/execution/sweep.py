@@ -1,0 +1,69 @@
+"""A small timed sweep: every kind on one device and on all devices.
+
+``make gpu-check`` runs it on the GPU server (``--machine nvml --backend cuda``);
+here it runs on ``local-cpu`` with the ``cpu`` backend. Every row is verified
+against the NumPy reference and labelled with its backend.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lib.baselines import EqualSplit, decision_from_weights
+from lib.contract import TaskSpec
+from lib.execution import get_backend
+from lib.machines import load_machine
+
+#: small tasks per kind: a sweep must finish within minutes
+SWEEP_TASKS = {
+    "matmul": {"M": 1024, "N": 1024, "K": 1024},
+    "reduce": {"N": 1 << 24},
+    "elementwise": {"N": 1 << 24},
+    "stencil": {"H": 2048, "W": 2048, "T": 4},
+    "histogram": {"N": 1 << 24, "B": 256},
+}
+
+
+def sweep(machine_name: str, backend: str, *, scale: float = 1.0, seed: int = 0,
+          repeats: int = 3, out: Path | None = None) -> dict[str, Any]:
+    """Run every kind on device 0 alone and split equally over all devices.
+
+    Args:
+        machine_name: profile (``nvml`` on a GPU server, ``local-cpu`` here).
+        backend: ``cuda`` or ``cpu``.
+        scale: multiplies the divisible dimension of every task.
+        out: where to write the JSON (also returned).
+    """
+    machine = load_machine(machine_name)
+    rows = []
+    start = time.perf_counter()
+    with get_backend(backend, machine, seed=seed, repeats=repeats,
+                     warmup=1) as runner:
+        for kind, dims in SWEEP_TASKS.items():
+            dims = dict(dims)
+            first = next(iter(dims))
+            dims[first] = max(16, int(dims[first] * scale))
+            task = TaskSpec(kind, dims)
+            plans = {"one device": decision_from_weights(task, [0], [1.0])}
+            if machine.n > 1:
+                plans["all devices"] = EqualSplit().decide(task, machine)
+            for name, decision in plans.items():
+                decision = decision.with_hash(task)
+                result = runner.run(task, decision, verify=True)
+                m = result.metrics
+                rows.append({"kind": kind, "task": task.to_json(), "plan": name,
+                             "devices": list(decision.gpus), "label": m.label,
+                             "total_seconds": m.total_seconds,
+                             "per_device_seconds": m.per_device_seconds,
+                             "verified": m.verified,
+                             "max_abs_error": m.max_abs_error})
+    report = {"machine": machine.name, "backend": backend,
+              "wall_seconds": time.perf_counter() - start, "rows": rows,
+              "all_verified": all(r["verified"] for r in rows)}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str))
+    return report
