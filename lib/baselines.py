@@ -8,6 +8,15 @@ baseline drives the same execution path as the learned policy.
   (cuPyNumeric/Legate's even tiling, plain Dask chunking).
 - :class:`ProportionalToPeak` -- shares proportional to a static capability:
   peak FLOP/s for compute-bound kinds, memory bandwidth for memory-bound ones.
+- :class:`SingleBest` -- the whole task on the one device the cost model
+  predicts fastest for it.
+- :class:`ProportionalToLive` -- proportional to peak, scaled by each device's
+  idle fraction ``1 - u`` from telemetry; unhealthy devices left out.
+- :class:`HeftGreedy` -- StarPU dmda / HEFT: the task cut into chunks, each
+  chunk in turn to the device whose expected finish time (free time + predicted
+  compute + beta x predicted transfer) is earliest.
+- :class:`RandomSplit` -- a seeded random subset with Dirichlet shares.
+- :class:`Oracle` -- the exhaustive optimum under the cost model.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Protocol
+
+import numpy as np
 
 from lib.contract import Decision, TaskSpec
 from lib.machines import Machine
@@ -85,7 +96,124 @@ class ProportionalToPeak:
         return decision_from_weights(task, devices, weights)
 
 
-BASELINES: dict[str, type] = {p.name: p for p in (EqualSplit, ProportionalToPeak)}
+def _peak_weight(task: TaskSpec, machine: Machine, i: int) -> float:
+    dev = machine.devices[i]
+    return dev.peak_flops(task.dtype) if workload(task).bound == "compute" \
+        else dev.mem_bw
+
+
+class SingleBest:
+    """The one device with the smallest predicted time for the task."""
+
+    name = "single-best"
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        from lib.costmodel import predict
+
+        devices = usable_devices(machine, telemetry)
+        times = {i: predict(task, decision_from_weights(task, [i], [1.0]), machine,
+                            telemetry).total for i in devices}
+        best = min(devices, key=lambda i: (times[i], i))
+        return decision_from_weights(task, [best], [1.0])
+
+
+class ProportionalToLive:
+    """Proportional to peak throughput times the idle fraction ``1 - u``."""
+
+    name = "proportional-live"
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        devices = usable_devices(machine, telemetry)
+        idle = [1.0 - (telemetry.utilisation[i] if telemetry else 0.0)
+                for i in devices]
+        weights = [_peak_weight(task, machine, i) * max(f, 0.05)
+                   for i, f in zip(devices, idle, strict=True)]
+        return decision_from_weights(task, devices, weights)
+
+
+class HeftGreedy:
+    """StarPU dmda / HEFT-like greedy earliest finish on the cost model.
+
+    Args:
+        chunks: pieces the divisible dimension is cut into (more: finer shares).
+        beta: weight of the predicted transfer time in the finish estimate.
+    """
+
+    name = "heft"
+
+    def __init__(self, chunks: int = 64, beta: float = 1.0):
+        self.chunks = chunks
+        self.beta = beta
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        from lib.costmodel.model import compute_seconds, transfer_seconds
+
+        w = workload(task)
+        devices = usable_devices(machine, telemetry)
+        n = task.split_size
+        pieces = max(1, min(self.chunks, n))
+        size = -(-n // pieces)
+        free = {i: 0.0 for i in devices}
+        rows = {i: 0 for i in devices}
+        left = n
+        while left > 0:
+            r = min(size, left)
+            best, best_t = devices[0], math.inf
+            for i in devices:
+                link = machine.host_link(i)
+                before = w.work(task, rows[i])
+                after = w.work(task, rows[i] + r)
+                t_comp = compute_seconds(task, after, machine, i,
+                                         telemetry=telemetry) - compute_seconds(
+                    task, before, machine, i, telemetry=telemetry)
+                moved = after.bytes_in + after.bytes_out - before.bytes_in \
+                    - before.bytes_out
+                t_xfer = transfer_seconds(moved, link.bandwidth, link.latency)
+                finish = free[i] + t_comp + self.beta * t_xfer
+                if finish < best_t:
+                    best, best_t = i, finish
+            free[best] = best_t
+            rows[best] += r
+            left -= r
+        return decision_from_weights(task, devices, [rows[i] for i in devices])
+
+
+class RandomSplit:
+    """A seeded random non-empty subset with Dirichlet(1) shares."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        devices = usable_devices(machine, telemetry)
+        k = int(self.rng.integers(1, len(devices) + 1))
+        chosen = sorted(self.rng.choice(devices, size=k, replace=False).tolist())
+        return decision_from_weights(task, chosen,
+                                     self.rng.dirichlet(np.ones(k)).tolist())
+
+
+class Oracle:
+    """The exhaustive optimum under the cost model (the bound, not a policy a
+    runtime could afford on every task)."""
+
+    name = "oracle"
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        from lib.costmodel.optimum import optimum
+
+        return optimum(task, machine, telemetry).decision
+
+
+BASELINES: dict[str, type] = {p.name: p for p in (
+    EqualSplit, SingleBest, ProportionalToPeak, ProportionalToLive, HeftGreedy,
+    RandomSplit, Oracle)}
 
 
 def get_policy(name: str) -> Policy:

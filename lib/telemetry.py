@@ -10,13 +10,25 @@ Sources:
 
 - :func:`idle` -- every device idle, all memory free (the default);
 - :func:`busy` -- chosen utilisations (for experiments and tests);
-- :class:`SimulatedTelemetry` -- seeded background load that comes and goes.
+- :class:`SimulatedTelemetry` -- seeded background load that comes and goes;
+- :func:`nvml_snapshot` -- read from NVIDIA GPUs through NVML (nvidia-ml-py),
+  including the link matrix from the PCIe topology and NVLink state; tests
+  replay a recorded snapshot at the pynvml boundary with :class:`RecordedNvml`;
+- :func:`local_cpu_snapshot` -- this computer's cores, read from ``/proc``.
+
+Only the last two are measurements (``measured=True``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +36,15 @@ from lib.machines import Machine
 
 #: Utilisation is clipped here so a busy device is slow, never infinitely so.
 MAX_UTILISATION = 0.95
+
+#: Link-matrix vocabulary, fastest first: the diagonal, an active NVLink, a path
+#: through PCIe switches only, a path through a host bridge / the CPU's root
+#: complex, a path across the SMP interconnect between sockets.
+LINK_CLASSES = ("self", "nvlink", "pcie-switch", "pcie-host", "system")
+
+
+class TelemetryError(RuntimeError):
+    """A telemetry source cannot be read here (the message names what is missing)."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +56,11 @@ class Snapshot:
         utilisation: per device, fraction of time busy with other work, [0, 1].
         free_bytes: per device, free memory in bytes.
         healthy: per device, whether it may be used.
-        clocks_mhz, temperature_c, power_w: per device where known, else empty.
+        clocks_mhz, temperature_c, power_w: per device where known, else empty
+            (NaN for a device whose reading failed).
         measured: whether the numbers were read from real devices.
+        links: ``links[i][j]`` is how devices i and j are connected, one of
+            :data:`LINK_CLASSES`; empty where the source does not know.
     """
 
     source: str
@@ -47,6 +71,7 @@ class Snapshot:
     temperature_c: tuple[float, ...] = field(default_factory=tuple)
     power_w: tuple[float, ...] = field(default_factory=tuple)
     measured: bool = False
+    links: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
 
     def slowdown(self, i: int) -> float:
         """Factor by which device ``i``'s compute stretches: ``1 / (1 - u)``."""
@@ -103,3 +128,305 @@ class SimulatedTelemetry:
         return Snapshot(source="simulated", utilisation=tuple(self.util.tolist()),
                         free_bytes=tuple((mem * (1.0 - 0.3 * self.util)).tolist()),
                         healthy=(True,) * n)
+
+
+# --------------------------------------------------------------------------
+# NVML (real GPUs, or a recorded snapshot replayed at the pynvml boundary)
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bus_key(bus_id: Any) -> tuple[int, int, int, int]:
+    """``"00000000:17:00.0"`` and ``"0000:17:00.0"`` -> the same (domain, bus,
+    device, function), so NVLink remote ids match local ids whatever the width."""
+    text = _text(bus_id).strip().lower()
+    try:
+        domain, bus, rest = text.split(":")
+        dev, fn = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        return (-1, -1, -1, -1)
+
+
+def _topology_class(nvml: Any, level: int) -> str:
+    """Map ``nvmlDeviceGetTopologyCommonAncestor``'s level onto LINK_CLASSES."""
+    if level <= nvml.NVML_TOPOLOGY_MULTIPLE:   # same board, one or more switches
+        return "pcie-switch"
+    if level <= nvml.NVML_TOPOLOGY_NODE:       # host bridge, same CPU / NUMA node
+        return "pcie-host"
+    return "system"                            # across the SMP interconnect
+
+
+def _nvlink_peers(nvml: Any, handle: Any, error: type[BaseException]) -> set:
+    """Bus ids this device reaches over active NVLinks (a failing call: no link)."""
+    peers = set()
+    for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
+        try:
+            if nvml.nvmlDeviceGetNvLinkState(handle, link) != \
+                    nvml.NVML_FEATURE_ENABLED:
+                continue
+            peers.add(_bus_key(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle,
+                                                                     link).busId))
+        except error:
+            continue
+    return peers
+
+
+def nvml_snapshot(nvml: Any = None) -> Snapshot:
+    """Read every GPU's state and the link matrix through NVML.
+
+    Args:
+        nvml: the ``pynvml`` module (default), or an object with the same
+            function and constant names, such as :class:`RecordedNvml`.
+
+    Returns:
+        A measured :class:`Snapshot` (``source="nvml"``): utilisation in [0, 1]
+        (NVML's percentage over 100), free memory in bytes, SM clock in MHz,
+        temperature in C, power in W, and ``links`` from the PCIe topology and
+        NVLink state. A device whose calls fail is unhealthy, with utilisation
+        1, no free memory and NaN readings.
+
+    Raises:
+        TelemetryError: nvidia-ml-py is not installed, or NVML cannot start (no
+            NVIDIA driver).
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            raise TelemetryError("NVML telemetry: nvidia-ml-py is not installed "
+                                 "(pip install 'gpuhive[gpu]')") from None
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except error as exc:
+        raise TelemetryError(f"NVML telemetry: cannot initialise NVML ({exc}); "
+                             "no NVIDIA driver on this machine") from None
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        util, free, ok, clocks, temps, power, buses = [], [], [], [], [], [], []
+        for h in handles:
+            try:
+                u = nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
+                f = float(nvml.nvmlDeviceGetMemoryInfo(h).free)
+                c = float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
+                t = float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
+                p = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+                bus = _bus_key(nvml.nvmlDeviceGetPciInfo(h).busId)
+                row = (min(1.0, max(0.0, u)), f, True, c, t, p, bus)
+            except error:
+                row = (1.0, 0.0, False, math.nan, math.nan, math.nan, None)
+            for store, value in zip((util, free, ok, clocks, temps, power, buses),
+                                    row, strict=True):
+                store.append(value)
+        links = _link_matrix(nvml, handles, buses, error)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except error:
+            pass
+    return Snapshot(source="nvml", utilisation=tuple(util), free_bytes=tuple(free),
+                    healthy=tuple(ok), clocks_mhz=tuple(clocks),
+                    temperature_c=tuple(temps), power_w=tuple(power), measured=True,
+                    links=links)
+
+
+def _link_matrix(nvml: Any, handles: Sequence[Any], buses: Sequence[Any],
+                 error: type[BaseException]) -> tuple[tuple[str, ...], ...]:
+    n = len(handles)
+    nvlinks = [_nvlink_peers(nvml, h, error) for h in handles]
+    rows = []
+    for i in range(n):
+        row = []
+        for j in range(n):
+            if i == j:
+                row.append("self")
+            elif buses[j] is not None and (buses[j] in nvlinks[i]
+                                           or buses[i] in nvlinks[j]):
+                row.append("nvlink")
+            else:
+                try:
+                    level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i],
+                                                                     handles[j])
+                    row.append(_topology_class(nvml, int(level)))
+                except error:
+                    row.append("system")   # unknown path: assume the slowest
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+class RecordedNvmlError(Exception):
+    """What a recorded call that failed raises (stands in for pynvml.NVMLError)."""
+
+
+class _Reading:
+    """Attribute access to a recorded NVML struct (``.gpu``, ``.free``...)."""
+
+    def __init__(self, fields: Mapping[str, Any]):
+        self.__dict__.update(fields)
+
+
+class RecordedNvml:
+    """A recorded NVML snapshot, replayed with pynvml's function names.
+
+    The recording (``tests/data/nvml_snapshot.json``) holds per device what each
+    call returned: ``name``, ``pci_bus_id``, ``utilization`` (``gpu``/``memory``
+    percent), ``memory`` (``total``/``free``/``used`` bytes), ``clocks``
+    (``sm``/``mem`` MHz), ``temperature_c``, ``power_mw``, ``nvlink`` (link
+    number -> ``{"state": 0|1, "remote_bus_id": ...}``), and a ``topology``
+    matrix of common-ancestor levels. A value ``{"error": "..."}`` makes that
+    call raise :attr:`NVMLError`, as NVML does; a link number absent from
+    ``nvlink`` raises as well (NVML's "not supported").
+
+    Args:
+        source: path of the JSON recording, or the already-loaded object.
+    """
+
+    NVMLError = RecordedNvmlError
+    # pynvml's constant values, so the code under test sees the same numbers.
+    NVML_CLOCK_SM = 1
+    NVML_TEMPERATURE_GPU = 0
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_TOPOLOGY_INTERNAL = 0
+    NVML_TOPOLOGY_SINGLE = 10
+    NVML_TOPOLOGY_MULTIPLE = 20
+    NVML_TOPOLOGY_HOSTBRIDGE = 30
+    NVML_TOPOLOGY_NODE = 40
+    NVML_TOPOLOGY_SYSTEM = 50
+
+    def __init__(self, source: str | Path | Mapping[str, Any]):
+        if isinstance(source, Mapping):
+            self.record = source
+        else:
+            self.record = json.loads(Path(source).read_text())
+        self.devices = list(self.record["devices"])
+        self.topology = self.record.get("topology", [])
+        self.initialised = False
+
+    def _get(self, handle: int, *path: str) -> Any:
+        value: Any = self.devices[handle]
+        for key in path:
+            if isinstance(value, Mapping) and "error" in value:
+                break
+            if not isinstance(value, Mapping) or key not in value:
+                raise RecordedNvmlError(f"Not Supported ({'.'.join(path)})")
+            value = value[key]
+        if isinstance(value, Mapping) and "error" in value:
+            raise RecordedNvmlError(value["error"])
+        return value
+
+    def nvmlInit(self) -> None:
+        if "init_error" in self.record:
+            raise RecordedNvmlError(self.record["init_error"])
+        self.initialised = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < len(self.devices):
+            raise RecordedNvmlError("Invalid Argument")
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._get(handle, "name")
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Reading:
+        return _Reading(self._get(handle, "utilization"))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Reading:
+        return _Reading(self._get(handle, "memory"))
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        return self._get(handle, "clocks", "sm" if clock == self.NVML_CLOCK_SM
+                         else "mem")
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return self._get(handle, "temperature_c")
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return self._get(handle, "power_mw")
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> _Reading:
+        return _Reading({"busId": self._get(handle, "pci_bus_id")})
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        return self._get(handle, "nvlink", str(link), "state")
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> _Reading:
+        return _Reading({"busId": self._get(handle, "nvlink", str(link),
+                                            "remote_bus_id")})
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, h1: int, h2: int) -> int:
+        level = self.topology[h1][h2]
+        if level is None:
+            raise RecordedNvmlError("Not Supported")
+        return level
+
+
+# --------------------------------------------------------------------------
+# This computer's cores, from /proc
+
+def _proc_stat_times() -> dict[int, tuple[int, int]]:
+    """core -> (busy jiffies, total jiffies) from ``/proc/stat``."""
+    out: dict[int, tuple[int, int]] = {}
+    with open("/proc/stat") as fh:
+        for line in fh:
+            name, *values = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            ticks = [int(v) for v in values[:8]]
+            idle = ticks[3] + ticks[4]   # idle + iowait
+            total = sum(ticks)
+            out[int(name[3:])] = (total - idle, total)
+    return out
+
+
+def _mem_available_bytes() -> float:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024.0
+    raise TelemetryError("local-cpu telemetry: /proc/meminfo has no MemAvailable")
+
+
+def local_cpu_snapshot(machine: Machine, interval: float = 0.1) -> Snapshot:
+    """Per-core load and free memory of this computer, read from the OS.
+
+    Device i is the core ``sorted(os.sched_getaffinity(0))[i % cores]`` (the
+    core the cpu backend pins worker i to). Its utilisation is the fraction of
+    ``interval`` seconds the core spent busy (``/proc/stat`` deltas; idle and
+    iowait count as not busy), which includes this process's own work if it
+    runs there. Free memory is ``MemAvailable`` from ``/proc/meminfo`` split
+    evenly over the devices.
+
+    Raises:
+        TelemetryError: no ``/proc`` (not Linux).
+    """
+    if not (hasattr(os, "sched_getaffinity") and os.path.exists("/proc/stat")):
+        raise TelemetryError("local-cpu telemetry needs /proc/stat and "
+                             "sched_getaffinity (Linux)")
+    cores = sorted(os.sched_getaffinity(0))
+    mine = [cores[i % len(cores)] for i in range(machine.n)]
+    before = _proc_stat_times()
+    time.sleep(max(0.0, interval))
+    after = _proc_stat_times()
+    util = []
+    for core in mine:
+        if core not in before or core not in after:
+            raise TelemetryError(f"local-cpu telemetry: /proc/stat has no line "
+                                 f"for core {core}")
+        busy_ticks = after[core][0] - before[core][0]
+        total_ticks = after[core][1] - before[core][1]
+        util.append(min(1.0, max(0.0, busy_ticks / total_ticks))
+                    if total_ticks > 0 else 0.0)
+    free = _mem_available_bytes() / machine.n
+    return Snapshot(source="local-cpu", utilisation=tuple(util),
+                    free_bytes=(free,) * machine.n, healthy=(True,) * machine.n,
+                    measured=True)

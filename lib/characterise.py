@@ -1,0 +1,711 @@
+"""Characterisation: measure a real machine so the cost model can be calibrated.
+
+:func:`characterise` runs real work on real devices and records what it saw:
+
+(a) **throughput** -- every workload kind at several sizes (at least three,
+    spanning at least two orders of magnitude of work), one device at a time,
+    on each device: median seconds of repeated runs, the FLOP/s and bytes/s that
+    implies, and a straight-line fit of seconds against work per kind (its
+    slope is the marginal rate, its intercept the fixed cost of a run);
+(b) **host link** -- the hand-off between the host process and a device: its
+    latency (a near-empty task, end to end) and bandwidth (the slope of
+    end-to-end time against bytes handed over for elementwise tasks, and, on
+    the cpu backend, a direct copy through a shared-memory file mapping);
+(c) **device to device** -- on the cpu backend, worker cores exchange data
+    through the same shared memory: a copy written on one core and read on
+    another, and a pipe round trip between processes pinned to the two cores;
+(d) **runs** -- every execution above plus multi-device runs (equal and uneven
+    splits over all devices, every kind), as run records that
+    :func:`lib.costmodel.calibrate.calibrate` fits.
+
+Every measured number is written ``{"value", "unit", "provenance": "measured",
+"method"}``. The machine profile's own estimates sit apart under ``estimated``
+for comparison; the two are never pooled. Run records hold raw measured seconds
+(``measured_seconds``) with their backend.
+
+Budgets: ``smoke`` (seconds; small sizes, for tests), ``quick`` (about a
+minute on two cores), ``full`` (larger sizes, more repeats). The plan is done
+in several passes, each in a fresh seeded random order, and a run's figure is
+the median over all its timed repeats: background load that comes and goes
+lands as scattered outliers the median discards, not as a bias on one size or
+kind. The load on the cores before and after is recorded too.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing import connection, get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.baselines import decision_from_weights
+from lib.contract import KINDS, Decision, TaskSpec
+from lib.costmodel.calibrate import characterisation_path, write_json_atomic
+from lib.execution import BACKENDS, BackendUnavailable, get_backend
+from lib.execution.cpu import _shm_root
+from lib.machines import Machine, MachineError, load_machine
+from lib.telemetry import TelemetryError, local_cpu_snapshot
+from lib.workloads import workload
+
+SCHEMA = "gpuhive.characterisation/1"
+
+
+class CharacterisationError(RuntimeError):
+    """This machine/backend cannot be measured here (the message says what is
+    missing)."""
+
+
+# --------------------------------------------------------------------------
+# Budgets
+
+Dims = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much one characterisation measures.
+
+    Attributes:
+        sizes: kind -> task dimensions measured one device at a time, on each
+            device (>= 3 per kind, spanning >= 100x in work).
+        multi: kind -> dimensions also run over all devices, once per share
+            pattern.
+        patterns: share patterns for multi-device runs (``"equal"``, ``"ramp"``
+            = 1:2:..:n, ``"reverse"`` = n:..:1).
+        passes: times the whole plan is done, each pass in a fresh random
+            order; a run's figure is the median over every timed repeat of
+            every pass, so a burst of someone else's load that covers one pass
+            does not decide it.
+        repeats: timed repeats per run and pass.
+        warmup: untimed runs before the timed ones (per run and pass).
+        latency_runs: runs of the near-empty task per device (each ``repeats``
+            timed repeats) for the hand-off latency.
+        copy_bytes: size of the direct shared-memory copy, bytes.
+        copy_repeats: repeats of each direct copy and ping-pong (medians).
+    """
+
+    sizes: Mapping[str, tuple[Dims, ...]]
+    multi: Mapping[str, tuple[Dims, ...]]
+    patterns: tuple[str, ...]
+    passes: int
+    repeats: int
+    warmup: int
+    latency_runs: int
+    copy_bytes: int
+    copy_repeats: int
+
+
+def _sq(*ns: int) -> tuple[Dims, ...]:
+    return tuple({"M": n, "N": n, "K": n} for n in ns)
+
+
+def _vec(*ns: int, **extra: int) -> tuple[Dims, ...]:
+    return tuple({"N": n, **extra} for n in ns)
+
+
+def _grid(*ns: int, t: int) -> tuple[Dims, ...]:
+    return tuple({"H": n, "W": n, "T": t} for n in ns)
+
+
+#: Thin matmuls (few rows of A, a large B every shard needs) are dominated by
+#: handing B over rather than by arithmetic: they separate the host link's cost
+#: from the efficiencies, which the other kinds (every byte count growing with
+#: the same rows) cannot.
+BUDGETS: dict[str, Budget] = {
+    "smoke": Budget(
+        sizes={"matmul": _sq(64, 160, 400) + ({"M": 8, "N": 768, "K": 768},),
+               "reduce": _vec(10**4, 10**5, 10**6),
+               "elementwise": _vec(10**4, 10**5, 10**6),
+               "stencil": _grid(64, 256, 640, t=2),
+               "histogram": _vec(10**4, 10**5, 2 * 10**6, B=64)},
+        multi={"matmul": _sq(400), "reduce": _vec(10**6),
+               "elementwise": _vec(10**6), "stencil": _grid(640, t=2),
+               "histogram": _vec(10**6, B=64)},
+        patterns=("equal", "ramp"), passes=2, repeats=2, warmup=1, latency_runs=3,
+        copy_bytes=8 * 2**20, copy_repeats=3),
+    "quick": Budget(
+        sizes={"matmul": _sq(64, 160, 400, 1000)
+               + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 2048, "K": 2048}),
+               "reduce": _vec(10**4, 10**5, 10**6, 10**7),
+               "elementwise": _vec(10**4, 10**5, 10**6, 10**7),
+               "stencil": _grid(64, 256, 1024, 2048, t=4),
+               "histogram": _vec(10**4, 10**5, 10**6, 10**7, B=256)},
+        multi={"matmul": _sq(400, 1000) + ({"M": 16, "N": 2048, "K": 2048},),
+               "reduce": _vec(10**6, 10**7), "elementwise": _vec(10**6, 10**7),
+               "stencil": _grid(1024, 2048, t=4),
+               "histogram": _vec(10**6, 10**7, B=256)},
+        patterns=("equal", "ramp", "reverse"), passes=3, repeats=3, warmup=1,
+        latency_runs=6, copy_bytes=64 * 2**20, copy_repeats=5),
+    "full": Budget(
+        sizes={"matmul": _sq(64, 128, 256, 512, 1024, 2048)
+               + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 4096, "K": 4096}),
+               "reduce": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7),
+               "elementwise": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7),
+               "stencil": _grid(64, 256, 1024, 2048, 4096, t=4),
+               "histogram": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7, B=256)},
+        multi={"matmul": _sq(512, 1024, 2048) + ({"M": 16, "N": 4096, "K": 4096},),
+               "reduce": _vec(10**6, 10**7, 4 * 10**7),
+               "elementwise": _vec(10**6, 10**7, 4 * 10**7),
+               "stencil": _grid(1024, 2048, 4096, t=4),
+               "histogram": _vec(10**6, 10**7, 4 * 10**7, B=256)},
+        patterns=("equal", "ramp", "reverse"), passes=5, repeats=5, warmup=1,
+        latency_runs=10, copy_bytes=256 * 2**20, copy_repeats=9),
+}
+
+
+def pattern_weights(pattern: str, n: int) -> list[float]:
+    """Share weights of a multi-device pattern over ``n`` devices."""
+    if pattern == "equal":
+        return [1.0] * n
+    if pattern == "ramp":
+        return [float(i + 1) for i in range(n)]
+    if pattern == "reverse":
+        return [float(n - i) for i in range(n)]
+    raise ValueError(f"unknown share pattern {pattern!r}")
+
+
+# --------------------------------------------------------------------------
+# Records
+
+def measured(value: float, unit: str, method: str) -> dict[str, Any]:
+    """One measured number with its unit and how it was obtained."""
+    return {"value": float(value), "unit": unit, "provenance": "measured",
+            "method": method}
+
+
+def estimated(value: float, unit: str, method: str) -> dict[str, Any]:
+    """One number from the machine profile (not measured here)."""
+    return {"value": float(value), "unit": unit, "provenance": "estimated",
+            "method": method}
+
+
+def _check_measurable(machine_name: str, backend: str) -> Machine:
+    if backend not in BACKENDS:
+        raise CharacterisationError(f"unknown backend {backend!r}; expected one of "
+                                    f"{', '.join(BACKENDS)}")
+    if backend == "model":
+        raise CharacterisationError(
+            "the model backend predicts and measures nothing; characterise with "
+            "a measuring backend (cpu on local-cpu, cuda on a GPU machine)")
+    try:
+        machine = load_machine(machine_name)
+    except MachineError as exc:
+        raise CharacterisationError(f"cannot characterise: {exc}") from None
+    if machine.simulated:
+        raise CharacterisationError(
+            f"machine {machine.name} is a simulated profile: there are no real "
+            f"devices to measure; characterise local-cpu with --backend cpu, or a "
+            f"GPU machine (nvml) with --backend cuda")
+    if backend not in machine.real_backends:
+        have = ", ".join(machine.real_backends) or "none"
+        raise CharacterisationError(
+            f"backend {backend} cannot measure machine {machine.name}: its devices "
+            f"run for real only on backend(s) {have}")
+    return machine
+
+
+# --------------------------------------------------------------------------
+# Direct shared-memory measurements (cpu backend)
+
+def _cores(machine: Machine) -> list[int]:
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[i % len(cores)] for i in range(machine.n)]
+
+
+def _shm_copy_seconds(nbytes: int, write_core: int, read_core: int,
+                      repeats: int) -> tuple[float, float]:
+    """(write seconds, read seconds), medians: a buffer written into a fresh
+    shared-memory file mapping on one core, then copied out through a fresh
+    mapping on another (page faults included, as a worker's are)."""
+    saved = os.sched_getaffinity(0)
+    src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
+    writes, reads = [], []
+    path = Path(_shm_root()) / f"gpuhive-copy-{os.getpid()}.bin"
+    try:
+        for _ in range(repeats):
+            os.sched_setaffinity(0, {write_core})
+            t0 = time.perf_counter()
+            mm = np.memmap(path, dtype=np.uint8, mode="w+", shape=(nbytes,))
+            mm[:] = src
+            mm.flush()
+            del mm
+            writes.append(time.perf_counter() - t0)
+            os.sched_setaffinity(0, {read_core})
+            t0 = time.perf_counter()
+            mm = np.memmap(path, dtype=np.uint8, mode="r", shape=(nbytes,))
+            out = np.array(mm)
+            del mm
+            reads.append(time.perf_counter() - t0)
+            del out
+            path.unlink()
+    finally:
+        os.sched_setaffinity(0, saved)
+        path.unlink(missing_ok=True)
+    return statistics.median(writes), statistics.median(reads)
+
+
+def _echo_main(conn: connection.Connection) -> None:
+    """Helper process: pin to a core on request, echo everything else."""
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        if isinstance(msg, tuple) and msg[0] == "pin":
+            os.sched_setaffinity(0, {msg[1]})
+        conn.send(msg)
+
+
+def _ping_pong_seconds(pairs: Sequence[tuple[int, int]],
+                       repeats: int) -> dict[tuple[int, int], float]:
+    """One-way pipe latency between processes pinned to each (core, core) pair:
+    half the median round trip of a one-byte message."""
+    ctx = get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_echo_main, args=(child,), daemon=True,
+                       name="gpuhive-echo")
+    saved = os.sched_getaffinity(0)
+    out = {}
+    try:
+        proc.start()
+        child.close()
+        for a, b in pairs:
+            os.sched_setaffinity(0, {a})
+            parent.send(("pin", b))
+            parent.recv()
+            trips = []
+            for _ in range(max(20, 20 * repeats)):
+                t0 = time.perf_counter()
+                parent.send(b"x")
+                parent.recv()
+                trips.append(time.perf_counter() - t0)
+            out[(a, b)] = statistics.median(trips) / 2
+        parent.send(None)
+        proc.join(timeout=5)
+    finally:
+        os.sched_setaffinity(0, saved)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2)
+        parent.close()
+    return out
+
+
+# --------------------------------------------------------------------------
+# The measurement
+
+def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
+                purpose: str) -> dict[str, Any]:
+    """One run record from the results of every pass (medians over all)."""
+    totals = [float(t) for r in results
+              for t in r.detail.get("all_totals", [r.metrics.total_seconds])]
+    per_dev: dict[str, list[float]] = {}
+    for r in results:
+        for g, sec in r.metrics.per_device_seconds.items():
+            per_dev.setdefault(str(g), []).append(float(sec))
+    m = results[0].metrics
+    return {"task": task.to_json(), "decision": decision.to_json(),
+            "measured_seconds": statistics.median(totals),
+            "per_device_seconds": {g: statistics.median(v)
+                                   for g, v in per_dev.items()},
+            "backend": m.backend, "provenance": "measured", "label": m.label,
+            "repeats": len(totals), "all_seconds": totals,
+            "verified": None if all(r.metrics.verified is None for r in results)
+            else all(r.metrics.verified is not False for r in results),
+            "purpose": purpose}
+
+
+def _plan(machine: Machine, budget: Budget, seed: int) -> list[tuple]:
+    steps: list[tuple] = []
+    for kind in KINDS:
+        smallest = True
+        for dims in budget.sizes[kind]:
+            task = TaskSpec(kind, dict(dims))
+            for dev in range(machine.n):
+                dec = decision_from_weights(task, [dev], [1.0]).with_hash(task)
+                steps.append((task, dec, "throughput", smallest))
+            smallest = False
+        if machine.n > 1:
+            for dims in budget.multi[kind]:
+                task = TaskSpec(kind, dict(dims))
+                for pattern in budget.patterns:
+                    dec = decision_from_weights(
+                        task, list(range(machine.n)),
+                        pattern_weights(pattern, machine.n)).with_hash(task)
+                    steps.append((task, dec, f"split-{pattern}", False))
+    return steps
+
+
+def characterise(machine_name: str, backend: str = "cpu", *, budget: str = "quick",
+                 seed: int = 0, progress: bool = True,
+                 out: str | Path | None = None) -> dict[str, Any]:
+    """Measure a real machine; write and return the characterisation.
+
+    Args:
+        machine_name: a real machine profile (``local-cpu``).
+        backend: the measuring backend (``cpu``; ``cuda`` where it runs).
+        budget: ``smoke`` (< 30 s), ``quick`` (< 3 min on two cores) or ``full``.
+        seed: seed of the inputs and of the order runs are done in.
+        progress: show tqdm progress bars (on stderr).
+        out: where to write the JSON; default
+            :func:`lib.costmodel.calibrate.characterisation_path` of the machine
+            (``$GPUHIVE_HOME/characterisation/<machine>.json``).
+
+    Returns:
+        The characterisation object (also written to ``out``); its ``path``
+        field says where.
+
+    Raises:
+        CharacterisationError: the machine or backend cannot be measured here
+            (simulated profile, no CUDA, unknown names); the message says what
+            is missing.
+    """
+    if budget not in BUDGETS:
+        raise CharacterisationError(f"unknown budget {budget!r}; expected one of "
+                                    f"{', '.join(BUDGETS)}")
+    machine = _check_measurable(machine_name, backend)
+    plan_budget = BUDGETS[budget]
+    try:
+        runner = get_backend(backend, machine, seed=seed,
+                             repeats=plan_budget.repeats, warmup=plan_budget.warmup)
+    except BackendUnavailable as exc:
+        raise CharacterisationError(f"cannot measure {machine.name} with backend "
+                                    f"{backend}: {exc}") from None
+    started = time.time()
+    try:
+        obj = _measure(machine, backend, runner, plan_budget, budget, seed, progress)
+    finally:
+        runner.close()
+    obj["elapsed"] = measured(time.time() - started, "s",
+                              "wall-clock time of the whole characterisation")
+    path = write_characterisation(obj, out)
+    obj["path"] = str(path)
+    return obj
+
+
+def _background(machine: Machine) -> dict[str, Any] | None:
+    try:
+        snap = local_cpu_snapshot(machine, interval=0.2)
+    except TelemetryError:
+        return None
+    return {str(i): measured(u, "fraction busy",
+                             "/proc/stat busy jiffies over 0.2 s on the device's "
+                             "core, while nothing of ours ran")
+            for i, u in enumerate(snap.utilisation)}
+
+
+def _measure(machine: Machine, backend: str, runner: Any, budget: Budget,
+             budget_name: str, seed: int, progress: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    plan = _plan(machine, budget, seed)
+    is_cpu = backend == "cpu" and hasattr(os, "sched_setaffinity")
+    extra = machine.n + (2 if is_cpu else 0)
+    load_before = _background(machine) if is_cpu else None
+    results: list[list[Any]] = [[] for _ in plan]
+    disturbed: list[float] = []
+    rng = np.random.default_rng(seed)
+    bar = tqdm(total=len(plan) * budget.passes + extra, disable=not progress,
+               desc=f"characterise {machine.name} ({budget_name})", unit="run",
+               file=sys.stderr)
+    try:
+        for p in range(budget.passes):
+            for i in rng.permutation(len(plan)):
+                task, dec, purpose, verify = plan[i]
+                bar.set_postfix_str(f"pass {p + 1} {task.kind} {purpose}",
+                                    refresh=False)
+                results[i].append(_undisturbed_run(runner, task, dec,
+                                                   verify and p == 0, disturbed,
+                                                   is_cpu))
+                bar.update()
+        runs = [_run_record(task, dec, results[i], purpose)
+                for i, (task, dec, purpose, _) in enumerate(plan)]
+        link = _host_link(machine, runner, budget, runs, bar)
+        peers: dict[str, Any] = {}
+        if is_cpu:
+            link["shm_copy"] = _shm_host(machine, budget)
+            bar.update()
+            peers = _peers(machine, budget)
+            bar.update()
+    finally:
+        bar.close()
+    failed = [r for r in runs if r["verified"] is False]
+    if failed:
+        raise CharacterisationError(
+            f"{len(failed)} run(s) gave wrong results (first: "
+            f"{TaskSpec.from_json(failed[0]['task']).describe()}); not recording "
+            "timings of wrong computations")
+    return {
+        "schema": SCHEMA, "machine": machine.name, "backend": backend,
+        "budget": budget_name, "seed": seed,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": {"platform": platform.platform(), "python": platform.python_version(),
+                 "numpy": np.__version__, "cpu": _cpu_model(),
+                 "cores": _cores(machine) if is_cpu else []},
+        "devices": [d.label for d in machine.devices],
+        "conventions": (
+            "Every measured number is {value, unit, provenance: measured, method}. "
+            "Run records hold raw measured seconds (median of 'repeats' timed "
+            "repeats over all passes, each after warm-up; 'all_seconds' lists "
+            "them) with the backend that measured them. Profile estimates are "
+            "under 'estimated' only."),
+        "measured": {
+            "throughput": _throughput(machine, runs),
+            "host_link": link,
+            "device_to_device": peers,
+            "background_load": {"before": load_before,
+                                "after": _background(machine) if is_cpu else None},
+        },
+        "estimated": _estimates(machine),
+        "disturbed_retries": {
+            "count": len(disturbed),
+            "note": f"runs redone (at most {RETRIES} times each) because other "
+                    f"processes took more than {OTHERS_MAX:.0%} of the cores "
+                    "while they ran; the last try is kept either way",
+            "others_share": [measured(x, "fraction of core time",
+                                      "/proc/stat busy time of all cores minus "
+                                      "the CPU time of our processes, over the "
+                                      "run") for x in disturbed]},
+        "runs": runs,
+    }
+
+
+#: A run is redone when other processes took more than this share of the
+#: cores' time while it ran (at most RETRIES times; the last try is kept).
+OTHERS_MAX = 0.10
+RETRIES = 3
+
+
+def _cpu_seconds_ours(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) used so far by these processes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def _cpu_seconds_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of all cores so far, from /proc/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as fh:
+        ticks = [int(v) for v in fh.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
+
+
+def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
+                     disturbed: list[float], watch: bool) -> Any:
+    """Run once; on the cpu backend, redo a run other processes disturbed."""
+    for attempt in range(RETRIES + 1):
+        if not watch:
+            return runner.run(task, dec, verify=verify)
+        pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
+        ours0, (busy0, total0) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
+        result = runner.run(task, dec, verify=verify)
+        pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
+        ours1, (busy1, total1) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
+        span = total1 - total0
+        others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / span \
+            if span > 0 else 0.0
+        if others <= OTHERS_MAX or attempt == RETRIES:
+            return result
+        disturbed.append(others)
+    return result
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _single_device(run: Mapping[str, Any]) -> int | None:
+    gpus = run["decision"]["gpus"]
+    return gpus[0] if len(gpus) == 1 else None
+
+
+def _line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` -> (a, b)."""
+    b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return float(a), float(b)
+
+
+def _throughput(machine: Machine, runs: Sequence[Mapping[str, Any]]
+                ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    method = ("median of every timed repeat (all passes) of one single-device "
+              "run, end to end (dispatch, shared-memory hand-off, compute, "
+              "result copy)")
+    for dev in range(machine.n):
+        per_kind: dict[str, Any] = {}
+        for kind in KINDS:
+            rows = [r for r in runs if r["task"]["kind"] == kind
+                    and _single_device(r) == dev and r["purpose"] == "throughput"]
+            if not rows:
+                continue
+            points = []
+            for r in sorted(rows, key=lambda r: r["measured_seconds"]):
+                task = TaskSpec.from_json(r["task"])
+                work = workload(task).total_work(task)
+                s = r["measured_seconds"]
+                points.append({
+                    "dims": task.to_json()["dims"], "flops": work.flops,
+                    "bytes": work.mem_traffic,
+                    "seconds": measured(s, "s", method),
+                    "flop_rate": measured(work.flops / s, "FLOP/s",
+                                          "work count (lib.workloads) / seconds"),
+                    "byte_rate": measured(work.mem_traffic / s, "B/s",
+                                          "memory traffic (lib.workloads) / "
+                                          "seconds"),
+                })
+            entry: dict[str, Any] = {"points": points}
+            bound = workload(kind).bound
+            x = [p["flops"] if bound == "compute" else p["bytes"] for p in points]
+            if len(set(x)) >= 2:
+                a, b = _line(x, [p["seconds"]["value"] for p in points])
+                unit = "FLOP/s" if bound == "compute" else "B/s"
+                what = "FLOP" if bound == "compute" else "bytes of memory traffic"
+                fit = ("derived from the measured points: least-squares line of "
+                       f"seconds against {what}")
+                if b > 0:
+                    entry["marginal_rate"] = measured(1.0 / b, unit,
+                                                      fit + "; 1 / slope")
+                entry["fixed_seconds"] = measured(a, "s", fit + "; intercept")
+            per_kind[kind] = entry
+        out[str(dev)] = per_kind
+    return out
+
+
+def _host_link(machine: Machine, runner: Any, budget: Budget,
+               runs: list[dict[str, Any]], bar: Any) -> dict[str, Any]:
+    """Latency from a near-empty task; bandwidth from elementwise runs."""
+    tiny = TaskSpec("elementwise", {"N": 1})
+    out: dict[str, Any] = {}
+    for dev in range(machine.n):
+        dec = decision_from_weights(tiny, [dev], [1.0]).with_hash(tiny)
+        record = _run_record(tiny, dec, [runner.run(tiny, dec)
+                                         for _ in range(budget.latency_runs)],
+                             "latency")
+        times = record["all_seconds"]
+        runs.append(record)
+        bar.update()
+        entry = {"latency": measured(
+            statistics.median(times), "s",
+            f"median end-to-end time of {len(times)} runs of a one-element "
+            "elementwise task on this device: dispatch over a pipe, mapping the "
+            "shared inputs, the result's way back")}
+        rows = [r for r in runs if r["task"]["kind"] == "elementwise"
+                and _single_device(r) == dev and r["purpose"] == "throughput"]
+        if len(rows) >= 2:
+            moved, secs = [], []
+            for r in rows:
+                w = workload("elementwise").total_work(TaskSpec.from_json(r["task"]))
+                moved.append(w.bytes_in + w.bytes_out)
+                secs.append(r["measured_seconds"])
+            _, slope = _line(moved, secs)
+            if slope > 0:
+                entry["bandwidth"] = measured(
+                    1.0 / slope, "B/s",
+                    "1 / slope of end-to-end seconds against bytes handed over "
+                    "(inputs in + result out) for single-device elementwise runs "
+                    "of every size; the slope also holds the a*x+y arithmetic and "
+                    "the worker's own memory traffic, so this is a lower bound on "
+                    "the hand-off's bandwidth")
+        out[str(dev)] = entry
+    return out
+
+
+def _shm_host(machine: Machine, budget: Budget) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dev, core in enumerate(_cores(machine)):
+        write_s, read_s = _shm_copy_seconds(budget.copy_bytes, core, core,
+                                            budget.copy_repeats)
+        how = (f"median of {budget.copy_repeats} copies of {budget.copy_bytes} "
+               f"bytes by this process pinned to core {core}, through a fresh "
+               f"file mapping in {_shm_root()} (page faults included)")
+        out[str(dev)] = {
+            "write_bandwidth": measured(budget.copy_bytes / write_s, "B/s",
+                                        "into shared memory: " + how),
+            "read_bandwidth": measured(budget.copy_bytes / read_s, "B/s",
+                                       "out of shared memory: " + how)}
+    return out
+
+
+def _peers(machine: Machine, budget: Budget) -> dict[str, Any]:
+    cores = _cores(machine)
+    pairs = [(i, j) for i in range(machine.n) for j in range(machine.n) if i != j]
+    if not pairs:
+        return {}
+    latency = _ping_pong_seconds(sorted({(cores[i], cores[j]) for i, j in pairs}),
+                                 budget.copy_repeats)
+    out: dict[str, Any] = {
+        "note": "the cpu backend merges in the host process; workers never send "
+                "to each other, so these figures describe the path a peer "
+                "exchange would take, not one Eq. (1) uses on this backend"}
+    for i, j in pairs:
+        _, read_s = _shm_copy_seconds(budget.copy_bytes, cores[i], cores[j],
+                                      budget.copy_repeats)
+        out[f"{i}->{j}"] = {
+            "bandwidth": measured(
+                budget.copy_bytes / read_s, "B/s",
+                f"{budget.copy_bytes} bytes written to shared memory on core "
+                f"{cores[i]}, copied out through a fresh mapping on core "
+                f"{cores[j]}; median of {budget.copy_repeats}"),
+            "latency": measured(
+                latency[(cores[i], cores[j])], "s",
+                f"half the median round trip of a one-byte message over a pipe "
+                f"between processes pinned to cores {cores[i]} and {cores[j]}")}
+    return out
+
+
+def _estimates(machine: Machine) -> dict[str, Any]:
+    devices = {}
+    for d in machine.devices:
+        devices[str(d.index)] = {
+            "peak_fp32": estimated(d.peak_fp32, "FLOP/s", d.notes.get(
+                "peak_fp32", "profile estimate")),
+            "mem_bw": estimated(d.mem_bw, "B/s", d.notes.get(
+                "mem_bw", "profile estimate"))}
+    links = {str(i): {"bandwidth": estimated(link.bandwidth, "B/s", link.note),
+                      "latency": estimated(link.latency, "s", link.note)}
+             for i, link in enumerate(machine.host_links)
+             if link.provenance == "estimated"}
+    peers = {f"{i}-{j}": {"bandwidth": estimated(link.bandwidth, "B/s", link.note),
+                          "latency": estimated(link.latency, "s", link.note)}
+             for (i, j), link in sorted(machine.peers.items())
+             if link.provenance == "estimated"}
+    return {"note": "the machine profile's own figures, for comparison; not "
+                    "measured here and never pooled with the measured section",
+            "devices": devices, "host_links": links, "peers": peers}
+
+
+def write_characterisation(obj: Mapping[str, Any],
+                           path: str | Path | None = None) -> Path:
+    """Write a characterisation as JSON, atomically.
+
+    Args:
+        obj: what :func:`characterise` returned.
+        path: target file; default ``$GPUHIVE_HOME/characterisation/<machine>.json``.
+
+    Returns:
+        The path written.
+    """
+    target = Path(path) if path is not None else characterisation_path(obj["machine"])
+    return write_json_atomic({k: v for k, v in obj.items() if k != "path"}, target)

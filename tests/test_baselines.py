@@ -1,0 +1,85 @@
+"""The seven baselines: legal decisions, and the behaviour each one promises."""
+
+from __future__ import annotations
+
+import pytest
+
+from lib.baselines import (
+    BASELINES,
+    HeftGreedy,
+    ProportionalToLive,
+    ProportionalToPeak,
+    RandomSplit,
+    SingleBest,
+    get_policy,
+)
+from lib.contract import TaskSpec
+from lib.costmodel import predict
+from lib.machines import load_machine
+from lib.security import check_decision
+from lib.telemetry import busy
+
+TASKS = [TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192}),
+         TaskSpec("reduce", {"N": 1 << 26}),
+         TaskSpec("stencil", {"H": 8192, "W": 8192, "T": 4}),
+         TaskSpec("histogram", {"N": 1 << 24, "B": 512}),
+         TaskSpec("elementwise", {"N": 1 << 22}, dtype="fp16")]
+
+
+def test_seven_baselines():
+    assert set(BASELINES) == {"equal", "single-best", "proportional-peak",
+                              "proportional-live", "heft", "random", "oracle"}
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        get_policy("magic")
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+@pytest.mark.parametrize("machine", ["hetero-4", "uni-server-1gpu",
+                                     "uni-server-2gpu-induced", "local-cpu"])
+def test_every_baseline_is_legal(name, machine):
+    m = load_machine(machine)
+    snap = busy(m, [0.5] + [0.0] * (m.n - 1))
+    for task in TASKS:
+        d = get_policy(name).decide(task, m, snap).with_hash(task)
+        v = check_decision(d, task, m, snap)
+        assert v.accepted, (name, machine, task.describe(), v.summary())
+
+
+def test_oracle_bounds_every_baseline(hetero4):
+    snap = busy(hetero4, [0.0, 0.7, 0.0, 0.3])
+    for task in TASKS:
+        times = {name: predict(task, get_policy(name).decide(task, hetero4, snap),
+                               hetero4, snap).total for name in BASELINES}
+        assert times["oracle"] <= min(times.values()) * (1 + 1e-12), task.describe()
+
+
+def test_live_shifts_work_off_a_busy_device(hetero4):
+    task = TASKS[0]
+    snap = busy(hetero4, [0.8, 0.0, 0.0, 0.0])
+    peak = ProportionalToPeak().decide(task, hetero4, snap)
+    live = ProportionalToLive().decide(task, hetero4, snap)
+    assert live.shares[0] < peak.shares[0] / 2
+    assert predict(task, live, hetero4, snap).total \
+        < predict(task, peak, hetero4, snap).total
+
+
+def test_single_best_follows_the_load(hetero4):
+    task = TASKS[0]
+    assert SingleBest().decide(task, hetero4).gpus == (0,)
+    assert SingleBest().decide(task, hetero4, busy(hetero4, [0.9, 0, 0, 0])).gpus \
+        == (1,)
+
+
+def test_heft_beats_the_static_splits_on_hetero4(hetero4):
+    for task in TASKS[:3]:
+        heft = predict(task, HeftGreedy().decide(task, hetero4), hetero4).total
+        peak = predict(task, ProportionalToPeak().decide(task, hetero4),
+                       hetero4).total
+        assert heft <= peak * 1.02, task.describe()
+
+
+def test_random_is_seeded(hetero4):
+    a = [RandomSplit(seed=3).decide(TASKS[1], hetero4) for _ in range(1)]
+    b = [RandomSplit(seed=3).decide(TASKS[1], hetero4) for _ in range(1)]
+    assert a == b
+    assert RandomSplit(seed=4).decide(TASKS[1], hetero4) != a[0]

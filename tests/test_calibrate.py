@@ -1,0 +1,182 @@
+"""Calibration: recovery on synthetic runs, Spearman, warnings, saved files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from lib.baselines import decision_from_weights
+from lib.contract import TaskSpec
+from lib.costmodel.calibrate import (
+    CalibrationError,
+    _FastModel,
+    _get,
+    _Slot,
+    _slots_for,
+    _with,
+    average_ranks,
+    calibrate,
+    calibrate_machine,
+    calibration_path,
+    load_params,
+    parse_runs,
+    save_params,
+    spearman,
+)
+from lib.costmodel.model import default_params, predict
+from lib.machines import load_machine
+
+#: What the synthetic machine "really" does (binding roofline terms only).
+TRUTH = {("compute_eff", ("cpu", "matmul")): 1.6,
+         ("memory_eff", ("cpu", "matmul")): 0.45,
+         ("memory_eff", ("cpu", "reduce")): 0.8,
+         ("memory_eff", ("cpu", "elementwise")): 0.9,
+         ("memory_eff", ("cpu", "stencil")): 0.3,
+         ("memory_eff", ("cpu", "histogram")): 0.15,
+         ("launch_s", "cpu"): 4e-4,
+         ("link_scale", "cpu"): 1.3}
+SIZES = {"matmul": [{"M": n, "N": n, "K": n} for n in (64, 128, 256, 512, 1024)]
+         + [{"M": 8, "N": n, "K": n} for n in (512, 1024, 2048)],
+         "elementwise": [{"N": n} for n in (10**4, 10**5, 10**6, 10**7)],
+         "reduce": [{"N": n} for n in (10**4, 10**5, 10**6, 10**7)],
+         "histogram": [{"N": n, "B": 256} for n in (10**4, 10**5, 10**6, 10**7)],
+         "stencil": [{"H": n, "W": n, "T": 4} for n in (64, 256, 1024, 2048)]}
+
+
+@pytest.fixture(scope="module")
+def machine():
+    return load_machine("local-cpu")
+
+
+def truth_params():
+    slots = [_Slot(t, k) for t, k in TRUTH]
+    return _with(default_params(), slots, list(TRUTH.values()))
+
+
+def synthetic_runs(machine, params, noise=0.01, seed=1):
+    rng = np.random.default_rng(seed)
+    devices = list(range(machine.n))
+    patterns = [[1.0 if d == i else 0.0 for d in devices] for i in devices]
+    if machine.n > 1:
+        patterns += [[1.0] * machine.n, [float(i + 1) for i in devices]]
+    runs = []
+    for kind, sizes in SIZES.items():
+        for dims in sizes:
+            task = TaskSpec(kind, dims)
+            for weights in patterns:
+                dec = decision_from_weights(task, devices, weights).with_hash(task)
+                t = predict(task, dec, machine, None, params).total
+                runs.append({"task": task.to_json(), "decision": dec.to_json(),
+                             "measured_seconds": t * math.exp(rng.normal(0, noise)),
+                             "backend": "cpu"})
+    return runs
+
+
+def test_fast_model_matches_predict(machine):
+    params = truth_params()
+    runs = parse_runs(synthetic_runs(machine, params, noise=0.0), machine)
+    slots = _slots_for(machine, runs)
+    fast = _FastModel(runs, machine, slots, default_params())
+    got = fast.predict(np.array([_get(params, s) for s in slots]))
+    want = np.array([r.seconds for r in runs])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_fit_recovers_known_parameters(machine):
+    report = calibrate(machine, synthetic_runs(machine, truth_params()), seed=0)
+    assert report.median_ape_pct < 3.0
+    assert report.spearman > 0.99
+    assert report.warning == ""
+    for (table, key), value in TRUTH.items():
+        name = _Slot(table, key).name
+        assert name in report.fitted, name
+        assert _get(report.params, _Slot(table, key)) == pytest.approx(value,
+                                                                      rel=0.15)
+    # Never-binding terms were not fitted and kept their defaults exactly.
+    default = default_params()
+    for name in report.not_fitted:
+        assert name.startswith("compute_eff[cpu,")
+        kind = name[len("compute_eff[cpu,"):-1]
+        assert report.params.e("cpu", kind) == default.e("cpu", kind)
+    assert report.n_train + report.n_heldout == sum(
+        len(v) for v in SIZES.values()) * (machine.n + (2 if machine.n > 1 else 0))
+
+
+def test_random_times_give_a_warning(machine):
+    runs = synthetic_runs(machine, truth_params())
+    rng = np.random.default_rng(3)
+    for run in runs:
+        run["measured_seconds"] = float(rng.uniform(1e-4, 1.0))
+    report = calibrate(machine, runs, seed=0)
+    assert report.median_ape_pct > 30.0
+    assert "exceeds 30 %" in report.warning
+
+
+def test_average_ranks_with_ties():
+    np.testing.assert_allclose(average_ranks([10, 20, 20, 30]), [1, 2.5, 2.5, 4])
+    np.testing.assert_allclose(average_ranks([3, 3, 3]), [2, 2, 2])
+    np.testing.assert_allclose(average_ranks([5, 1, 4]), [3, 1, 2])
+
+
+def test_spearman_exact_cases():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # d = (1, -1, 1, -1): rho = 1 - 6*4 / (4*15) = 0.6
+    assert spearman([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(0.6)
+    # ties: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): Pearson = 0.9486833
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(
+        4.5 / math.sqrt(4.5 * 5.0))
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    assert math.isnan(spearman([1], [2]))
+
+
+def test_model_runs_are_refused(machine):
+    runs = synthetic_runs(machine, truth_params())[:4]
+    runs[2] = dict(runs[2], backend="model")
+    with pytest.raises(CalibrationError, match="run 2: backend 'model'"):
+        calibrate(machine, runs)
+
+
+def test_unknown_device_is_refused(machine):
+    run = synthetic_runs(machine, truth_params())[0]
+    run["decision"] = dict(run["decision"], gpus=[machine.n + 3])
+    with pytest.raises(CalibrationError, match="run 0: decision names device"):
+        calibrate(machine, [run, run])
+
+
+def test_save_load_round_trip(machine, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    assert load_params("local-cpu") is None
+    report = calibrate(machine, synthetic_runs(machine, truth_params()), seed=0)
+    path = save_params("local-cpu", report.params, report)
+    assert path == tmp_path / "calibration" / "local-cpu.json"
+    assert path == calibration_path("local-cpu")
+    loaded = load_params("local-cpu")
+    assert loaded is not None
+    assert dict(loaded.compute_eff) == pytest.approx(dict(report.params.compute_eff))
+    assert dict(loaded.memory_eff) == pytest.approx(dict(report.params.memory_eff))
+    assert dict(loaded.launch_s) == pytest.approx(dict(report.params.launch_s))
+    assert dict(loaded.link_scale) == pytest.approx(dict(report.params.link_scale))
+    assert loaded.fitted == report.fitted
+    saved = json.loads(path.read_text())
+    assert saved["report"]["median_ape_pct"] == pytest.approx(report.median_ape_pct)
+    assert not list(path.parent.glob(".*"))       # no temporary file left over
+    path.write_text("{not json")
+    with pytest.raises(CalibrationError, match="not readable JSON"):
+        load_params("local-cpu")
+
+
+def test_calibrate_machine_from_file(machine, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    with pytest.raises(CalibrationError, match="no characterisation of local-cpu"):
+        calibrate_machine("local-cpu")
+    path = tmp_path / "characterisation" / "local-cpu.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"machine": "local-cpu",
+                                "runs": synthetic_runs(machine, truth_params())}))
+    out = calibrate_machine("local-cpu", json_out=True)
+    assert out["median_ape_pct"] < 3.0 and out["label"].startswith("PREDICTED")
+    assert load_params("local-cpu") is not None

@@ -1,0 +1,134 @@
+"""Characterisation: a real smoke run on local-cpu, and refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from lib.characterise import (
+    BUDGETS,
+    CharacterisationError,
+    characterise,
+    write_characterisation,
+)
+from lib.contract import KINDS, Decision, TaskSpec
+from lib.workloads import workload
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
+                                reason="the cpu backend pins workers (Linux only)")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    saved = os.environ.get("GPUHIVE_HOME")
+    os.environ["GPUHIVE_HOME"] = str(home)
+    try:
+        obj = characterise("local-cpu", "cpu", budget="smoke", seed=0,
+                           progress=False)
+    finally:
+        if saved is None:
+            os.environ.pop("GPUHIVE_HOME", None)
+        else:
+            os.environ["GPUHIVE_HOME"] = saved
+    return home, obj
+
+
+def _numbers(obj, path=""):
+    """Every (path, tagged number) under a section."""
+    if isinstance(obj, dict):
+        if "value" in obj and "provenance" in obj:
+            yield path, obj
+            return
+        for k, v in obj.items():
+            yield from _numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _numbers(v, f"{path}[{i}]")
+
+
+def test_smoke_budget_spans_two_orders_of_work():
+    for budget in BUDGETS.values():
+        for kind in KINDS:
+            works = []
+            for dims in budget.sizes[kind]:
+                task = TaskSpec(kind, dict(dims))
+                w = workload(task).total_work(task)
+                works.append(w.flops if workload(kind).bound == "compute"
+                             else w.mem_traffic)
+            assert len(works) >= 3
+            assert max(works) / min(works) >= 100, kind
+
+
+def test_smoke_writes_default_path(smoke):
+    home, obj = smoke
+    path = home / "characterisation" / "local-cpu.json"
+    assert obj["path"] == str(path)
+    on_disk = json.loads(path.read_text())
+    assert on_disk["machine"] == "local-cpu" and on_disk["backend"] == "cpu"
+    assert on_disk["runs"] == obj["runs"]
+
+
+def test_every_measured_number_is_tagged(smoke):
+    _, obj = smoke
+    measured = list(_numbers(obj["measured"]))
+    assert len(measured) > 50
+    for path, num in measured:
+        assert num["provenance"] == "measured", path
+        assert num["method"] and num["unit"], path
+        assert isinstance(num["value"], float), path
+    for path, num in _numbers(obj["estimated"]):
+        assert num["provenance"] == "estimated", path
+    assert obj["elapsed"]["value"] < 30.0
+
+
+def test_throughput_and_links_present(smoke):
+    _, obj = smoke
+    m = obj["measured"]
+    for dev in ("0", "1"):
+        for kind in KINDS:
+            entry = m["throughput"][dev][kind]
+            assert len(entry["points"]) >= 3
+            assert all(p["seconds"]["value"] > 0 for p in entry["points"])
+        link = m["host_link"][dev]
+        assert 0 < link["latency"]["value"] < 0.5
+        assert link["bandwidth"]["value"] > 0
+        assert m["host_link"]["shm_copy"][dev]["read_bandwidth"]["value"] > 0
+    assert m["device_to_device"]["0->1"]["latency"]["value"] > 0
+
+
+def test_runs_are_measured_records(smoke):
+    _, obj = smoke
+    runs = obj["runs"]
+    assert {TaskSpec.from_json(r["task"]).kind for r in runs} == set(KINDS)
+    multi = [r for r in runs if len(r["decision"]["gpus"]) > 1]
+    assert multi and {r["purpose"] for r in multi} == {"split-equal", "split-ramp"}
+    for r in runs:
+        task = TaskSpec.from_json(r["task"])
+        dec = Decision.from_json(r["decision"])
+        assert dec.with_hash(task).config_hash == dec.config_hash
+        assert r["backend"] == "cpu" and r["provenance"] == "measured"
+        assert r["measured_seconds"] > 0
+        assert set(r["per_device_seconds"]) <= {str(g) for g in dec.gpus}
+        assert r["verified"] in (None, True)
+    assert any(r["verified"] is True for r in runs)
+
+
+def test_write_characterisation_round_trip(smoke, tmp_path):
+    _, obj = smoke
+    path = write_characterisation(obj, tmp_path / "c.json")
+    assert json.loads(path.read_text())["runs"] == obj["runs"]
+
+
+@pytest.mark.parametrize("machine,backend,needle", [
+    ("local-cpu", "cuda", "cuda"),
+    ("hetero-4", "cpu", "simulated"),
+    ("local-cpu", "model", "measures nothing"),
+    ("no-such-machine", "cpu", "unknown machine"),
+    ("local-cpu", "tpu", "unknown backend"),
+])
+def test_impossible_machine_or_backend(machine, backend, needle):
+    with pytest.raises(CharacterisationError, match=needle):
+        characterise(machine, backend, budget="smoke", progress=False)
