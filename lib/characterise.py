@@ -50,7 +50,7 @@ from lib.baselines import decision_from_weights
 from lib.contract import KINDS, Decision, TaskSpec
 from lib.costmodel.calibrate import characterisation_path, write_json_atomic
 from lib.execution import BACKENDS, BackendUnavailable, get_backend
-from lib.execution.cpu import _shm_root
+from lib.execution.cpu import shm_root
 from lib.machines import Machine, MachineError, load_machine
 from lib.telemetry import TelemetryError, local_cpu_snapshot
 from lib.workloads import workload
@@ -228,7 +228,7 @@ def _shm_copy_seconds(nbytes: int, write_core: int, read_core: int,
     saved = os.sched_getaffinity(0)
     src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
     writes, reads = [], []
-    path = Path(_shm_root()) / f"gpuhive-copy-{os.getpid()}.bin"
+    path = Path(shm_root()) / f"gpuhive-copy-{os.getpid()}.bin"
     try:
         for _ in range(repeats):
             os.sched_setaffinity(0, {write_core})
@@ -639,7 +639,7 @@ def _shm_host(machine: Machine, budget: Budget) -> dict[str, Any]:
                                             budget.copy_repeats)
         how = (f"median of {budget.copy_repeats} copies of {budget.copy_bytes} "
                f"bytes by this process pinned to core {core}, through a fresh "
-               f"file mapping in {_shm_root()} (page faults included)")
+               f"file mapping in {shm_root()} (page faults included)")
         out[str(dev)] = {
             "write_bandwidth": measured(budget.copy_bytes / write_s, "B/s",
                                         "into shared memory: " + how),

@@ -5,6 +5,8 @@ r"""``gpuhive``: the command line.
     gpuhive run --kind reduce --dim N=67108864 --machine local-cpu --verify \
         --backend cpu
     gpuhive validate DECISION.json --task TASK.json --machine hetero-4
+    gpuhive characterise --machine local-cpu --backend cpu
+    gpuhive calibrate --machine local-cpu --json
     gpuhive scan kernel.cu --kernel my_kernel
     gpuhive security-audit
     gpuhive book --machine hetero-4 --backend model --budget quick
@@ -147,13 +149,15 @@ def _breakdown_table(pred) -> list[str]:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from lib.costmodel import predict
+    from lib.execution.model import params_for
 
     task = _task_from_args(args)
     agent = Agent(policy=get_policy(args.policy), machine=args.machine)
+    params = params_for(agent.machine.name)
     decision = agent.optimize(task)
-    pred = predict(task, decision, agent.machine)
+    pred = predict(task, decision, agent.machine, params=params)
     equal = EqualSplit().decide(task, agent.machine).with_hash(task)
-    ref = predict(task, equal, agent.machine) \
+    ref = predict(task, equal, agent.machine, params=params) \
         if check_decision(equal, task, agent.machine).accepted else None
     lines = [f"task        {task.describe()} on {agent.machine.name}"
              f"{' (simulated)' if agent.machine.simulated else ''}",
@@ -227,6 +231,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
                  "violations": [{"check": v.check, "message": v.message}
                                 for v in verdict.violations]}, "\n".join(lines))
     return 0 if verdict.accepted else 1
+
+
+# -- characterise and calibrate ----------------------------------------------
+
+def cmd_characterise(args: argparse.Namespace) -> int:
+    from lib.characterise import CharacterisationError, characterise
+
+    try:
+        obj = characterise(args.machine, args.backend, budget=args.budget,
+                           seed=args.seed, progress=not args.json,
+                           out=Path(args.out) if args.out else None)
+    except CharacterisationError as exc:
+        raise UsageError(str(exc)) from None
+    runs = obj.get("runs", [])
+    text = (f"characterised {args.machine} on the {args.backend} backend: "
+            f"{len(runs)} MEASURED runs written to {obj.get('path')}\n"
+            f"next: gpuhive calibrate --machine {args.machine}")
+    _emit(args, {"path": str(obj.get("path")), "runs": len(runs),
+                 "machine": args.machine, "backend": args.backend}, text)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from lib.costmodel.calibrate import CalibrationError, calibrate_machine
+
+    try:
+        report = calibrate_machine(args.machine, args.characterisation,
+                                   holdout=args.holdout, seed=args.seed)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    _emit(args, report.to_json(), report.summary())
+    return 0
 
 
 # -- scan -------------------------------------------------------------------
@@ -365,6 +401,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--machine", default="hetero-4")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("characterise", help="measure what a profile only "
+                                            "estimates (runs real workloads)")
+    p.add_argument("--machine", default="local-cpu")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--budget", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="FILE", help="default: "
+                   "$GPUHIVE_HOME/characterisation/<machine>.json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_characterise)
+
+    p = sub.add_parser("calibrate", help="fit the cost model to measured runs and "
+                                         "report its error on held-out runs")
+    p.add_argument("--machine", default="local-cpu")
+    p.add_argument("--characterisation", metavar="FILE",
+                   help="default: $GPUHIVE_HOME/characterisation/<machine>.json")
+    p.add_argument("--holdout", type=float, default=0.3,
+                   help="fraction of runs held out for scoring")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("scan", help="Gate 2a on a CUDA source file")
     p.add_argument("source", metavar="FILE.cu")

@@ -7,6 +7,14 @@ import pytest
 from lib.machines import load_machine
 
 
+def pytest_configure(config):
+    """Keep tests away from the user's calibration, keys and kernel cache."""
+    import os
+    import tempfile
+
+    os.environ["GPUHIVE_HOME"] = tempfile.mkdtemp(prefix="gpuhive-test-home-")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:

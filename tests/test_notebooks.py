@@ -48,6 +48,12 @@ def test_notebook_smoke_run(book_env, nb):
         assert values["adversarial_cases"] >= 60 and values["families"] >= 20
         assert values["benign_controls"] >= 20
         assert values["false_positive_rate"] == 0.0
+    if nb.stem == "m03-characterisation":
+        assert values["measured_runs"] > 0 and values["all_measured_tagged"]
+    if nb.stem == "m04-cost-model":
+        assert values["optimum_never_slower"]
+        assert values["optimum_geomean_speedup_over_equal"] > 1.25
+        assert 0 <= values["median_ape"] and -1 <= values["spearman"] <= 1
     if nb.stem == "m08-execution":
         assert values["run_verified"] and values["cpu_verified"]
         assert values["run_label"] == "PREDICTED (model)"

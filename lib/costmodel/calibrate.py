@@ -554,6 +554,8 @@ class CalibrationReport:
             "label": "PREDICTED (calibrated model) against MEASURED runs",
             "machine": self.machine, "evaluated_on": self.evaluated_on,
             "n_train": self.n_train, "n_heldout": self.n_heldout,
+            "median_ape": self.median_ape_pct, "p90_ape": self.p90_ape_pct,
+            "ape_unit": "percent",
             "median_ape_pct": self.median_ape_pct, "p90_ape_pct": self.p90_ape_pct,
             "spearman": self.spearman,
             "train_median_ape_pct": self.train_median_ape_pct,

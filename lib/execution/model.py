@@ -1,5 +1,8 @@
 """The model backend: the time comes from the cost model, Eq. (1).
 
+It uses the machine's calibrated parameters once ``gpuhive calibrate`` has saved
+them (see :mod:`lib.costmodel.calibrate`), the uncalibrated defaults before.
+
 Nothing runs on a device. The figures are PREDICTED. When asked to verify, the
 backend still computes the result shard by shard with NumPy and merges it, so
 the sharding and merging the decision implies are checked against the reference
@@ -9,12 +12,20 @@ even where no device exists.
 from __future__ import annotations
 
 from lib.contract import Decision, TaskSpec
-from lib.costmodel import CostParams, predict
+from lib.costmodel import CostParams, default_params, predict
 from lib.execution.base import ExecutionMetrics, Result
 from lib.machines import Machine
 from lib.telemetry import Snapshot
 from lib.workloads import split_rows, workload
 from lib.workloads import verify as verify_output
+
+
+def params_for(machine_name: str) -> CostParams:
+    """The machine's calibrated parameters where ``gpuhive calibrate`` saved
+    some, else the uncalibrated defaults (``params.source`` says which)."""
+    from lib.costmodel.calibrate import load_params
+
+    return load_params(machine_name) or default_params()
 
 
 class ModelBackend:
@@ -27,7 +38,7 @@ class ModelBackend:
                  params: CostParams | None = None, seed: int = 0):
         self.machine = machine
         self.telemetry = telemetry
-        self.params = params
+        self.params = params or params_for(machine.name)
         self.seed = seed
 
     def run(self, task: TaskSpec, decision: Decision, *,
