@@ -1,0 +1,158 @@
+"""Many split environments on the model backend, stepped as one batch.
+
+:class:`BatchModelEnv` holds N :class:`~lib.env.split.SplitEnv` (model backend)
+and takes one dict of actions with a leading batch axis. The share projection
+(masking, single-mode argmax, dropping tiny shares) runs once over the ``(N, 8)``
+batch in NumPy; what stays per environment is what has to: building the
+Decision and its hash, Gate 1, Eq. (1) (:func:`lib.costmodel.predict`) and
+drawing the next task. Environment ``i`` of a batch reset with seed ``s`` is
+``SplitEnv`` reset with seed ``s + i``, so the same actions earn the same rewards.
+
+An environment whose episode ends is reset in the same step: its last
+observation is in ``info["final_observation"]`` and the returned observation
+starts its next episode (seeded from its own generator).
+
+:func:`env_steps_per_second` measures both (a benchmark: it prints, never fails).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from lib.env.spaces import (
+    OBS_KEYS,
+    action_space,
+    decision_from_weights_row,
+    observation_space,
+    project_shares,
+    sample_masked_action,
+    sample_masked_actions,
+)
+from lib.env.split import EnvConfig, SplitEnv
+
+
+def stack_observations(obs: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Observations of single environments as one batch (leading axis N)."""
+    return {k: np.stack([o[k] for o in obs]) for k in OBS_KEYS}
+
+
+class BatchModelEnv:
+    """N model-backend split environments stepped together.
+
+    Args:
+        num_envs: N, the batch size (typically 8-256).
+        config: an :class:`EnvConfig` (its backend must be ``"model"``);
+            keyword arguments override its fields.
+    """
+
+    def __init__(self, num_envs: int, config: EnvConfig | None = None,
+                 **overrides: Any):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.envs = [SplitEnv(config, **overrides) for _ in range(num_envs)]
+        if self.envs[0].measured:
+            raise ValueError(f"BatchModelEnv steps the model backend only, not "
+                             f"{self.envs[0].config.backend!r}")
+        self.num_envs = num_envs
+        self.single_observation_space = observation_space()
+        self.single_action_space = action_space()
+        self.observation_space = batch_space(self.single_observation_space,
+                                             num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._device_mask = np.zeros((num_envs, 8), dtype=np.int8)
+
+    def reset(self, *, seed: int | None = None,
+              options: Mapping[str, Any] | None = None):
+        """Reset every environment (env ``i`` with ``seed + i``).
+
+        Returns:
+            ``(obs, infos)``: obs a dict of arrays with leading axis N, infos a
+            list of N dicts.
+        """
+        results = [env.reset(seed=None if seed is None else seed + i,
+                             options=options) for i, env in enumerate(self.envs)]
+        obs = stack_observations([o for o, _ in results])
+        self._device_mask = obs["device_mask"].copy()
+        return obs, [info for _, info in results]
+
+    def step(self, actions: Mapping[str, np.ndarray]):
+        """Step every environment with its row of ``actions``.
+
+        Args:
+            actions: ``shares`` ``(N, 8)`` float, ``block``, ``mode``,
+                ``comm_path``, ``chunks`` ``(N,)`` ints.
+
+        Returns:
+            ``(obs, rewards, terminated, truncated, infos)``: rewards ``(N,)``
+            float64, the flags ``(N,)`` bool, infos a list of N dicts.
+        """
+        mode = np.asarray(actions["mode"]).astype(np.int64).reshape(self.num_envs)
+        block = np.asarray(actions["block"]).astype(np.int64).reshape(self.num_envs)
+        path = np.asarray(actions["comm_path"]).astype(np.int64).reshape(
+            self.num_envs)
+        chunks = np.asarray(actions["chunks"]).astype(np.int64).reshape(
+            self.num_envs)
+        shares = np.asarray(actions["shares"]).reshape(self.num_envs, -1)
+        weights = project_shares(shares, self._device_mask, mode,
+                                 self.envs[0].config.min_share)
+        obs, infos = [], []
+        rewards = np.zeros(self.num_envs)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        for i, env in enumerate(self.envs):
+            decision = decision_from_weights_row(env.task, weights[i], int(block[i]),
+                                                 int(mode[i]), int(path[i]),
+                                                 int(chunks[i]))
+            o, rewards[i], terminated[i], truncated[i], info = \
+                env.step_decision(decision)
+            if terminated[i] or truncated[i]:
+                info["final_observation"] = o
+                o, _ = env.reset()
+            obs.append(o)
+            infos.append(info)
+        batch = stack_observations(obs)
+        self._device_mask = batch["device_mask"].copy()
+        return batch, rewards, terminated, truncated, infos
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def env_steps_per_second(n_steps: int = 2000, batch: int = 64, seed: int = 0,
+                         config: EnvConfig | None = None) -> dict[str, float]:
+    """Environment steps per second, one env and a batch (model backend).
+
+    Both take random actions that respect the masks, on ``config`` (default:
+    task mode on hetero-4). Times include drawing the actions.
+
+    Returns:
+        ``single_steps_per_s``, ``batch_steps_per_s`` (environment steps, all
+        batch members counted), ``speedup``, ``batch``, ``n_steps``.
+    """
+    rng = np.random.default_rng(seed)
+    env = SplitEnv(config)
+    obs, _ = env.reset(seed=seed)
+    start = time.perf_counter()
+    for _ in range(n_steps):
+        obs, _, terminated, truncated, _ = env.step(sample_masked_action(rng, obs))
+        if terminated or truncated:
+            obs, _ = env.reset()
+    single = n_steps / (time.perf_counter() - start)
+    env.close()
+
+    benv = BatchModelEnv(batch, config)
+    obs, _ = benv.reset(seed=seed)
+    rounds = max(1, -(-n_steps // batch))
+    start = time.perf_counter()
+    for _ in range(rounds):
+        obs, *_ = benv.step(sample_masked_actions(rng, obs))
+    batched = rounds * batch / (time.perf_counter() - start)
+    benv.close()
+    return {"single_steps_per_s": single, "batch_steps_per_s": batched,
+            "speedup": batched / single, "batch": batch, "n_steps": n_steps}

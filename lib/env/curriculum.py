@@ -1,0 +1,331 @@
+"""The training curriculum: which machines, tasks and loads a policy meets, in order.
+
+Stages go from easy to hard (:data:`DEFAULT_STAGES`):
+
+1. ``homogeneous`` -- 2-4 identical cards, large tasks, idle devices;
+2. ``heterogeneous`` -- 2-4 different cards (or the shipped ``hetero-4``);
+3. ``small-tasks`` -- the same machines, tasks from tiny to large, where launch
+   and transfer latencies make using fewer devices right;
+4. ``busy`` -- the same, with seeded background load on the devices
+   (:class:`lib.telemetry.SimulatedTelemetry`);
+5. ``catalog`` -- 2-8 cards drawn from the GPU catalog with a random topology.
+
+Machines come from :data:`lib.machines.GPU_CATALOG` less :data:`HELD_OUT_MODELS`:
+no training stage ever builds a machine with a held-out model, so every machine
+of :func:`held_out_machines` (each holds at least one held-out model) is one a
+policy has never been trained on -- the zero-shot transfer test (T7).
+
+Random topologies (:data:`TOPOLOGIES`): ``host-only`` (every copy through the
+host), ``pcie-p2p`` (every pair peer-to-peer over PCIe), ``nvlink-pairs``
+(devices 0-1, 2-3, ... bridged; NVLink where both cards have it, else PCIe
+peer-to-peer), ``nvswitch`` (every pair of NVLink cards at NVLink rate), and
+``random`` (each pair linked with probability 1/2). NCCL is present with
+probability 3/4.
+
+Tasks (:func:`sample_task`) are the five kinds with a footprint drawn
+log-uniformly in a stage's range of bytes (10 KB to 10 GB by default: six orders
+of magnitude of memory, more of work), shrunk until the equal split fits in
+every usable device's free memory (Gate 1's memory check).
+
+Everything draws from the generator it is given, so a seed fixes it all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lib.baselines import EqualSplit
+from lib.contract import DIM_LIMITS, KINDS, MAX_DIM, Decision, TaskSpec
+from lib.machines import (
+    GPU_CATALOG,
+    LINK_KINDS,
+    Machine,
+    load_machine,
+    machine_from_json,
+)
+from lib.security.gate1 import check_decision
+from lib.telemetry import Snapshot
+
+#: Catalog models no training stage uses (transfer is tested on them).
+HELD_OUT_MODELS: tuple[str, ...] = ("H200 SXM", "L4", "RTX 3090")
+#: Catalog models the training stages draw from.
+TRAINING_MODELS: tuple[str, ...] = tuple(m for m in GPU_CATALOG
+                                         if m not in HELD_OUT_MODELS)
+TOPOLOGIES = ("host-only", "pcie-p2p", "nvlink-pairs", "nvswitch", "random")
+MACHINE_KINDS = ("homogeneous", "heterogeneous", "catalog", "held-out")
+#: dtypes of sampled tasks and how often each appears.
+TASK_DTYPES = ("fp32", "fp16", "bf16", "fp64")
+TASK_DTYPE_P = (0.55, 0.2, 0.15, 0.1)
+#: Probability that a ``heterogeneous`` stage hands out the shipped hetero-4.
+P_SHIPPED = 0.25
+P_NCCL = 0.75
+#: Times a task is halved before sampling gives up on fitting it.
+SHRINK_TRIES = 40
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the curriculum.
+
+    Attributes:
+        name: short name (``"busy"``).
+        machines: how machines are drawn: one of :data:`MACHINE_KINDS`.
+        devices: inclusive range of the number of devices (at most 8).
+        log10_bytes: range of log10 of a task's footprint in bytes (4 to 10).
+        p_busy: steady-state probability that a device carries background load
+            (0 idle; 0.3-0.5 busy).
+        steps: environment steps the stage lasts in a training schedule.
+    """
+
+    name: str
+    machines: str
+    devices: tuple[int, int] = (2, 4)
+    log10_bytes: tuple[float, float] = (4.0, 10.0)
+    p_busy: float = 0.0
+    steps: int = 100_000
+
+
+DEFAULT_STAGES: tuple[Stage, ...] = (
+    Stage("homogeneous", "homogeneous", (2, 4), (8.5, 10.0), 0.0, 50_000),
+    Stage("heterogeneous", "heterogeneous", (2, 4), (8.5, 10.0), 0.0, 100_000),
+    Stage("small-tasks", "heterogeneous", (2, 4), (4.0, 10.0), 0.0, 100_000),
+    Stage("busy", "heterogeneous", (2, 4), (4.0, 10.0), 0.4, 100_000),
+    Stage("catalog", "catalog", (2, 8), (4.0, 10.0), 0.4, 200_000),
+)
+#: Where evaluation machines come from; never a training stage.
+HELD_OUT_STAGE = Stage("held-out", "held-out", (2, 8), (4.0, 10.0), 0.4, 0)
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Training stages in order, plus the held-out stage for evaluation.
+
+    Attributes:
+        stages: the training stages, easiest first.
+        held_out: the stage evaluation machines come from.
+        seed: fixes :meth:`held_out_machines` and :meth:`machines`; an
+            environment draws from its own seeded generator instead.
+    """
+
+    stages: tuple[Stage, ...] = DEFAULT_STAGES
+    held_out: Stage = HELD_OUT_STAGE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("a curriculum needs at least one stage")
+        for s in self.stages:
+            if s.machines == "held-out":
+                raise ValueError(f"stage {s.name!r} draws held-out machines; "
+                                 "a training stage must not")
+
+    def stage(self, key: int | str | Stage) -> Stage:
+        """A training stage by index or name (a Stage is returned unchanged)."""
+        if isinstance(key, Stage):
+            return key
+        if isinstance(key, str):
+            for s in (*self.stages, self.held_out):
+                if s.name == key:
+                    return s
+            names = ", ".join(s.name for s in self.stages)
+            raise ValueError(f"unknown stage {key!r}; stages: {names}, "
+                             f"{self.held_out.name}")
+        if not 0 <= key < len(self.stages):
+            raise ValueError(f"stage index {key} out of range: the curriculum has "
+                             f"{len(self.stages)} stages")
+        return self.stages[key]
+
+    def stage_at(self, step: int) -> Stage:
+        """The stage a training run is in after ``step`` environment steps (the
+        last stage once every budget is spent)."""
+        for s in self.stages:
+            if step < s.steps:
+                return s
+            step -= s.steps
+        return self.stages[-1]
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of the whole schedule."""
+        return sum(s.steps for s in self.stages)
+
+    def machines(self, stage: int | str | Stage, count: int) -> list[Machine]:
+        """``count`` machines of a stage from the curriculum's own seed."""
+        chosen = self.stage(stage)
+        names = [s.name for s in (*self.stages, self.held_out)]
+        rng = np.random.default_rng((self.seed, names.index(chosen.name)
+                                     if chosen.name in names else len(names)))
+        return [sample_machine(rng, chosen) for _ in range(count)]
+
+    def held_out_machines(self, count: int = 8) -> list[Machine]:
+        """The evaluation machines (see :func:`held_out_machines`)."""
+        return held_out_machines(self.seed, count, self.held_out)
+
+
+# --------------------------------------------------------------------------
+# Machines
+
+def _peer(models: Sequence[str], a: int, b: int, nvlink: bool) -> dict:
+    """A peer link between a and b: NVLink where asked and both cards have it,
+    else PCIe peer-to-peer at the slower card's host link rate."""
+    nv_a, nv_b = GPU_CATALOG[models[a]][7], GPU_CATALOG[models[b]][7]
+    if nvlink and nv_a > 0 and nv_b > 0:
+        return {"a": a, "b": b, "kind": "nvlink", "bandwidth": min(nv_a, nv_b),
+                "p2p": True, "note": "curriculum: NVLink at the slower card's rate"}
+    kinds = sorted((GPU_CATALOG[models[a]][6], GPU_CATALOG[models[b]][6]),
+                   key=lambda k: LINK_KINDS[k][0])
+    return {"a": a, "b": b, "kind": kinds[0], "p2p": True,
+            "note": "curriculum: PCIe peer-to-peer behind one switch"}
+
+
+def random_machine(rng: np.random.Generator, models: Sequence[str],
+                   name: str) -> Machine:
+    """A simulated machine of ``models`` (one device each) and a random topology
+    from :data:`TOPOLOGIES`."""
+    k = len(models)
+    topology = TOPOLOGIES[int(rng.integers(len(TOPOLOGIES)))]
+    pairs = [(a, b) for a in range(k) for b in range(a + 1, k)]
+    if topology == "host-only":
+        peers = []
+    elif topology == "pcie-p2p":
+        peers = [_peer(models, a, b, nvlink=False) for a, b in pairs]
+    elif topology == "nvlink-pairs":
+        peers = [_peer(models, a, a + 1, nvlink=True)
+                 for a in range(0, k - 1, 2)]
+    elif topology == "nvswitch":
+        peers = [_peer(models, a, b, nvlink=True) for a, b in pairs
+                 if GPU_CATALOG[models[a]][7] > 0 and GPU_CATALOG[models[b]][7] > 0]
+    else:
+        linked = rng.random(len(pairs)) < 0.5
+        peers = [_peer(models, a, b, nvlink=True)
+                 for (a, b), keep in zip(pairs, linked, strict=True) if keep]
+    return machine_from_json({
+        "name": f"{name}-{k}gpu-{topology}",
+        "description": f"Simulated curriculum machine: {', '.join(models)}; "
+                       f"topology {topology}.",
+        "simulated": True, "nccl": bool(rng.random() < P_NCCL),
+        "host_mem_bw": 100e9,
+        "devices": [{"catalog": m} for m in models], "peers": peers,
+    })
+
+
+def sample_machine(rng: np.random.Generator, stage: Stage) -> Machine:
+    """A machine for ``stage`` (rules in the module docstring).
+
+    Training stages use :data:`TRAINING_MODELS` only; the ``held-out`` stage puts
+    at least one of :data:`HELD_OUT_MODELS` in every machine.
+    """
+    lo, hi = stage.devices
+    if not 1 <= lo <= hi <= 8:
+        raise ValueError(f"stage {stage.name!r}: device range {stage.devices} must "
+                         "lie in [1, 8]")
+    k = int(rng.integers(lo, hi + 1))
+    pool = list(TRAINING_MODELS)
+    if stage.machines == "homogeneous":
+        models = [pool[int(rng.integers(len(pool)))]] * k
+    elif stage.machines == "heterogeneous":
+        if lo <= 4 <= hi and rng.random() < P_SHIPPED:
+            return load_machine("hetero-4")
+        models = [pool[i] for i in rng.choice(len(pool), size=k,
+                                              replace=k > len(pool))]
+    elif stage.machines == "catalog":
+        models = [pool[i] for i in rng.integers(len(pool), size=k)]
+    elif stage.machines == "held-out":
+        everything = list(GPU_CATALOG)
+        models = [everything[i] for i in rng.integers(len(everything), size=k)]
+        held = HELD_OUT_MODELS[int(rng.integers(len(HELD_OUT_MODELS)))]
+        models[int(rng.integers(k))] = held
+    else:
+        raise ValueError(f"stage {stage.name!r}: unknown machine kind "
+                         f"{stage.machines!r}; expected one of "
+                         f"{', '.join(MACHINE_KINDS)}")
+    return random_machine(rng, models, stage.name)
+
+
+def held_out_machines(seed: int = 0, count: int = 8,
+                      stage: Stage = HELD_OUT_STAGE) -> list[Machine]:
+    """``count`` machines no training stage can produce (each has a held-out
+    model), the same for the same seed."""
+    rng = np.random.default_rng((seed, 0x4E1D))
+    return [sample_machine(rng, stage) for _ in range(count)]
+
+
+# --------------------------------------------------------------------------
+# Tasks
+
+def _clip_dim(value: float, kind: str, name: str) -> int:
+    low, high = DIM_LIMITS.get((kind, name), (1, MAX_DIM))
+    return int(min(high, max(low, round(value))))
+
+
+def task_of_footprint(rng: np.random.Generator, kind: str, dtype: str,
+                      footprint: float) -> TaskSpec:
+    """A ``kind`` task whose whole footprint is about ``footprint`` bytes."""
+    e = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}[dtype]
+    if kind == "matmul":
+        side = math.sqrt(footprint / (3 * e))
+        m, n, k = (side * 2.0 ** rng.uniform(-1, 1) for _ in range(3))
+        dims = {"M": _clip_dim(m, kind, "M"), "N": _clip_dim(n, kind, "N"),
+                "K": _clip_dim(k, kind, "K")}
+    elif kind == "stencil":
+        t = int(rng.integers(1, 17))
+        cells = footprint / (2 * e)
+        h = math.sqrt(cells) * 2.0 ** rng.uniform(-1, 1)
+        dims = {"H": _clip_dim(h, kind, "H"), "W": _clip_dim(cells / h, kind, "W"),
+                "T": t}
+    elif kind == "elementwise":
+        dims = {"N": _clip_dim(footprint / (3 * e), kind, "N")}
+    elif kind == "reduce":
+        dims = {"N": _clip_dim(footprint / e, kind, "N")}
+    else:
+        dims = {"N": _clip_dim(footprint / e, kind, "N"),
+                "B": int(2 ** rng.integers(4, 13))}
+    return TaskSpec(kind, dims, dtype)
+
+
+def fitting_equal_split(task: TaskSpec, machine: Machine,
+                        telemetry: Snapshot | None) -> Decision | None:
+    """The hashed equal split of ``task`` if Gate 1 accepts it (memory above
+    all), else None."""
+    decision = EqualSplit().decide(task, machine, telemetry).with_hash(task)
+    return decision if check_decision(decision, task, machine,
+                                      telemetry).accepted else None
+
+
+def sample_task(rng: np.random.Generator, machine: Machine,
+                telemetry: Snapshot | None = None,
+                log10_bytes: tuple[float, float] = (4.0, 10.0),
+                kinds: Sequence[str] = KINDS) -> TaskSpec:
+    """A random task whose equal split fits on ``machine`` as it is now.
+
+    Kind uniform over ``kinds``; dtype from :data:`TASK_DTYPES`; footprint
+    log-uniform in ``10**log10_bytes`` bytes, halved until the equal split fits.
+
+    Raises:
+        ValueError: even a tiny task does not fit (no usable memory).
+    """
+    return sample_task_and_split(rng, machine, telemetry, log10_bytes, kinds)[0]
+
+
+def sample_task_and_split(rng: np.random.Generator, machine: Machine,
+                          telemetry: Snapshot | None = None,
+                          log10_bytes: tuple[float, float] = (4.0, 10.0),
+                          kinds: Sequence[str] = KINDS
+                          ) -> tuple[TaskSpec, Decision]:
+    """:func:`sample_task` and the task's hashed equal split (Gate 1 accepted)."""
+    kind = kinds[int(rng.integers(len(kinds)))]
+    pick = int(np.searchsorted(np.cumsum(TASK_DTYPE_P), rng.random(), side="right"))
+    dtype = TASK_DTYPES[min(pick, len(TASK_DTYPES) - 1)]
+    footprint = 10.0 ** rng.uniform(*log10_bytes)
+    for _ in range(SHRINK_TRIES):
+        task = task_of_footprint(rng, kind, dtype, footprint)
+        equal = fitting_equal_split(task, machine, telemetry)
+        if equal is not None:
+            return task, equal
+        footprint /= 2.0
+    raise ValueError(f"no {kind} task fits on {machine.name}: even "
+                     f"{footprint:.3g} bytes exceeds the free memory")
