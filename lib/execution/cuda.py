@@ -291,6 +291,7 @@ class CudaBackend:
     def run(self, task: TaskSpec, decision: Decision, *,
             verify: bool = False) -> Result:
         """Run the decision; MEASURED (CUDA events), medians over repeats."""
+        entry_point(task)  # an unsupported dtype fails before any work
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
         try:
@@ -339,107 +340,122 @@ class CudaBackend:
         return result, per_dev, totals
 
     def _once(self, task: TaskSpec, decision: Decision, inputs: Arrays):
-        """One run: launch every shard, wait, merge. Returns (result, times)."""
+        """One run: queue every shard, wait, merge. Returns (result, times)."""
         cp = self.cp
         w = workload(task)
         bounds = split_rows(task.split_size, decision.shares)
-        launches = []
+        shards: list[_Shard] = []
         for pos, (g, (lo, hi)) in enumerate(zip(decision.gpus, bounds, strict=True)):
             if hi <= lo:
                 continue
             try:
-                launches.append(self._launch(task, decision, inputs, pos, g, lo, hi))
+                shards.append(self._launch(task, decision, inputs, pos, g, lo, hi))
             except Exception as exc:
-                raise self._device_error(task, decision, bounds, pos, exc) from None
+                raise self._device_error(decision, bounds, pos, exc) from None
         times: dict[int, float] = {}
-        partials = []
-        for pos, g, lo, hi, stream, events, out_host in launches:
+        for sh in shards:
             try:
-                stream.synchronize()
-                times[g] = cp.cuda.get_elapsed_time(events[0], events[1]) / 1e3
+                sh.stream.synchronize()
+                times[sh.g] = cp.cuda.get_elapsed_time(*sh.events) / 1e3
             except Exception as exc:
-                raise self._device_error(task, decision, bounds, pos, exc) from None
-            partials.append((pos, g, lo, hi, out_host))
+                raise self._device_error(decision, bounds, sh.pos, exc) from None
+            sh.keep.clear()  # staging buffers may go back to the pool now
         if task.merge == "concat":
             out = np.empty(w.output_shape(task, task.split_size),
                            dtype=w.output_dtype(task))
-            for _, _, lo, hi, host in partials:
-                out[lo:hi] = from_device_dtype(host, task.dtype)
+            for sh in shards:
+                rows = np.concatenate(sh.outputs) if len(sh.outputs) > 1 \
+                    else sh.outputs[0]
+                out[sh.lo:sh.hi] = from_device_dtype(rows, task.dtype)
             return out, times
-        return self._merge_sum(task, decision, partials), times
+        try:
+            total = self._merge_sum(decision, shards)
+        except Exception as exc:
+            raise ExecutionError(f"{decision.comm_path} merge of decision "
+                                 f"{decision.config_hash[:12]} failed: "
+                                 f"{type(exc).__name__}: {exc!s:.160}") from None
+        return np.asarray(total).astype(w.output_dtype(task)), times
 
-    def _launch(self, task, decision, inputs, pos, g, lo, hi):
-        """Queue one shard on device ``g``'s stream; returns the launch record."""
+    def _launch(self, task, decision, inputs, pos, g, lo, hi) -> _Shard:
+        """Queue one shard on device ``g``: copies, kernels, and (for sum merges)
+        the device-side sum of its pieces, between two timing events."""
         cp = self.cp
         w = workload(task)
         ordinal = self.device_map[g]
         with cp.cuda.Device(ordinal):
             kernel = self._kernel(ordinal, task, decision)
             streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start, stop, ready = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
             start.record(streams[0])
-            shard = w.shard_inputs(task, inputs, lo, hi)
+            keep: list[Any] = []
+            fixed = {}
+            if task.kind == "matmul":  # B goes to the device once, first
+                b_host = w.shard_inputs(task, inputs, lo, hi)["B"]
+                fixed["B"] = _to_device(cp, b_host, task.dtype, streams[0], keep)
+            ready.record(streams[0])
             pieces = (chunk_bounds(lo, hi, decision.chunk)
                       if decision.mode == "pipelined" and task.kind != "stencil"
                       else [(lo, hi)])
-            host_parts = []
-            fixed = {}
-            if task.kind == "matmul":  # B goes to the device once
-                fixed["B"] = _to_device(cp, shard["B"], task.dtype, streams[0])
+            outputs = []
             for c, (a, b) in enumerate(pieces):
                 s = streams[c % 2]
-                if c:
-                    s.wait_event(start)
+                if c % 2:
+                    s.wait_event(ready)
                 piece = w.shard_inputs(task, inputs, a, b)
-                host_parts.append(self._piece(task, kernel, piece, fixed, a, b,
-                                              decision.block, s))
-            for s in streams[1:]:
-                done = cp.cuda.Event()
-                done.record(s)
-                streams[0].wait_event(done)
+                outputs.append(self._piece(task, kernel, piece, fixed, a, b,
+                                           decision.block, s, keep))
+            if len(pieces) > 1:
+                joined = cp.cuda.Event()
+                joined.record(streams[1])
+                streams[0].wait_event(joined)
+            if task.merge == "sum":  # one partial per device, on the device
+                with streams[0]:
+                    acc = outputs[0]
+                    for extra in outputs[1:]:
+                        acc = acc + extra
+                outputs = [acc]
             stop.record(streams[0])
-        if task.merge == "concat":
-            out_host = np.concatenate(host_parts) if len(host_parts) > 1 \
-                else host_parts[0]
-        else:
-            out_host = host_parts
-        return pos, g, lo, hi, streams[0], (start, stop), out_host
+        return _Shard(pos, g, lo, hi, streams[0], (start, stop), outputs, keep)
 
-    def _piece(self, task, kernel, piece, fixed, lo, hi, block, stream):
-        """Copy in, launch, copy out one piece on ``stream``; returns pinned out."""
+    def _piece(self, task, kernel, piece, fixed, lo, hi, block, stream, keep):
+        """Copy in and launch one piece on ``stream``.
+
+        Returns the pinned host array its rows are being copied into (concat
+        merges) or its partial result on the device (sum merges).
+        """
         cp = self.cp
         rows = hi - lo
         grid, blk = launch_geometry(task, rows, block)
         with stream:
             if task.kind == "matmul":
-                a = _to_device(cp, piece["A"], task.dtype, stream)
+                a = _to_device(cp, piece["A"], task.dtype, stream, keep)
                 n, k = task.dims["N"], task.dims["K"]
                 c = cp.empty((rows, n), dtype=a.dtype)
                 kernel(grid, blk, (a, fixed["B"], c, np.int32(rows), np.int32(n),
                                    np.int32(k)), stream=stream)
                 return _to_host(cp, c, stream)
             if task.kind == "elementwise":
-                x = _to_device(cp, piece["x"], task.dtype, stream)
-                y = _to_device(cp, piece["y"], task.dtype, stream)
+                x = _to_device(cp, piece["x"], task.dtype, stream, keep)
+                y = _to_device(cp, piece["y"], task.dtype, stream, keep)
                 out = cp.empty_like(x)
                 kernel(grid, blk, (np.float32(2.5), x, y, out, np.int64(rows)),
                        stream=stream)
                 return _to_host(cp, out, stream)
             if task.kind == "reduce":
-                x = _to_device(cp, piece["x"], task.dtype, stream)
+                x = _to_device(cp, piece["x"], task.dtype, stream, keep)
                 partial = cp.zeros(grid[0], dtype=cp.float32)
                 kernel(grid, blk, (x, partial, np.int64(rows)), stream=stream)
-                total = partial.sum(dtype=cp.float64)
-                return _to_host(cp, total.reshape(1), stream)
+                return partial.sum(dtype=cp.float64).reshape(1)
             if task.kind == "histogram":
-                x = _to_device(cp, piece["x"].astype(np.float32), "fp32", stream)
+                x = _to_device(cp, piece["x"].astype(np.float32), "fp32", stream,
+                               keep)
                 bins = task.dims["B"]
                 counts = cp.zeros(bins, dtype=cp.uint32)
                 kernel(grid, blk, (x, counts, np.int64(rows), np.int32(bins)),
                        stream=stream)
-                return _to_host(cp, counts, stream)
+                return counts.astype(cp.int64)
             # stencil: T sweeps over the band, ping-pong between two buffers
-            u = _to_device(cp, piece["u"], task.dtype, stream)
+            u = _to_device(cp, piece["u"], task.dtype, stream, keep)
             band_rows, width = piece["u"].shape
             v = u.copy()
             g2, b2 = launch_geometry(task, band_rows, block)
@@ -448,62 +464,59 @@ class CudaBackend:
                        stream=stream)
                 u, v = v, u
             first = lo - max(0, lo - task.dims["T"])
-            return _to_host(cp, u[first:first + rows], stream)
+            return _to_host(cp, cp.ascontiguousarray(u[first:first + rows]), stream)
 
-    def _merge_sum(self, task, decision, partials):
-        """Sum partial results on the decision's comm path."""
-        w = workload(task)
-        host_parts = [np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
-                      for *_, parts in partials]
-        path = decision.comm_path
-        if path in ("p2p", "nccl") and len(host_parts) > 1:
-            # stage the per-device partials on their devices, then meet on device
-            cp = self.cp
-            arrays = []
-            for (_, g, *_), part in zip(partials, host_parts, strict=True):
-                with cp.cuda.Device(self.device_map[g]):
-                    arrays.append(cp.asarray(part))
-            if path == "nccl" and self.nccl_ok:
-                total = self._nccl_allreduce(arrays, [p[1] for p in partials])
-            else:
-                total = self._peer_sum(arrays, [p[1] for p in partials])
-        else:
-            total = np.sum(host_parts, axis=0)
-        return np.asarray(total).astype(w.output_dtype(task))
-
-    def _peer_sum(self, arrays, gpus):
+    def _merge_sum(self, decision: Decision, shards: list[_Shard]):
+        """Add the per-device partials on the decision's comm path."""
         cp = self.cp
-        lead = self.device_map[gpus[0]]
+        partials = [sh.outputs[0] for sh in shards]
+        if decision.comm_path == "host" or len(shards) == 1:
+            return np.sum([cp.asnumpy(p) for p in partials], axis=0)
+        ordinals = [self.device_map[sh.g] for sh in shards]
+        if decision.comm_path == "nccl" and self.nccl_ok:
+            return self._nccl_allreduce(partials, ordinals)
+        return self._peer_sum(partials, ordinals)
+
+    def _peer_sum(self, partials, ordinals):
+        """Peer copies to the first device (through the host where no peer
+        access exists), added there, one copy out."""
+        cp = self.cp
+        lead = ordinals[0]
         with cp.cuda.Device(lead):
-            acc = arrays[0].copy()
-            for arr, g in zip(arrays[1:], gpus[1:], strict=True):
-                if cp.cuda.runtime.deviceCanAccessPeer(lead, self.device_map[g]):
+            acc = partials[0].copy()
+            for arr, o in zip(partials[1:], ordinals[1:], strict=True):
+                if cp.cuda.runtime.deviceCanAccessPeer(lead, o):
                     tmp = cp.empty_like(arr)
-                    cp.cuda.runtime.memcpyPeer(tmp.data.ptr, lead, arr.data.ptr,
-                                               self.device_map[g], arr.nbytes)
-                else:  # no peer access: through the host
+                    cp.cuda.runtime.memcpyPeer(tmp.data.ptr, lead, arr.data.ptr, o,
+                                               arr.nbytes)
+                else:
                     tmp = cp.asarray(cp.asnumpy(arr))
                 acc += tmp
             return cp.asnumpy(acc)
 
-    def _nccl_allreduce(self, arrays, gpus):
+    def _nccl_allreduce(self, partials, ordinals):
+        """NCCL ring all-reduce of the partials in place; the first device's copy
+        comes back to the host."""
         cp = self.cp
         from cupy.cuda import nccl
 
-        ordinals = [self.device_map[g] for g in gpus]
+        kinds = {np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                 np.dtype(np.int64): nccl.NCCL_INT64}
         comms = nccl.NcclCommunicator.initAll(ordinals)
         nccl.groupStart()
-        for comm, arr, o in zip(comms, arrays, ordinals, strict=True):
+        for comm, arr, o in zip(comms, partials, ordinals, strict=True):
             with cp.cuda.Device(o):
                 comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size,
-                               nccl.NCCL_FLOAT64, nccl.NCCL_SUM,
+                               kinds[arr.dtype], nccl.NCCL_SUM,
                                cp.cuda.Stream.null.ptr)
         nccl.groupEnd()
+        for o in ordinals:
+            with cp.cuda.Device(o):
+                cp.cuda.Stream.null.synchronize()
         with cp.cuda.Device(ordinals[0]):
-            cp.cuda.Stream.null.synchronize()
-            return cp.asnumpy(arrays[0])
+            return cp.asnumpy(partials[0])
 
-    def _device_error(self, task, decision, bounds, pos, exc) -> DeviceError:
+    def _device_error(self, decision, bounds, pos, exc) -> DeviceError:
         g = decision.gpus[pos]
         kind = "out of memory" if "OutOfMemory" in type(exc).__name__ else "error"
         return DeviceError(g, self.machine.devices[g].label, pos, bounds[pos],
@@ -511,18 +524,36 @@ class CudaBackend:
                            f"{kind}: {type(exc).__name__}: {exc!s:.160}")
 
 
-def _to_device(cp, host: np.ndarray, dtype: str, stream):
-    """Pinned staging, then an asynchronous copy on ``stream``."""
+@dataclass
+class _Shard:
+    """One device's queued work: where its result is and what must stay alive."""
+
+    pos: int
+    g: int
+    lo: int
+    hi: int
+    stream: Any
+    events: tuple[Any, Any]
+    outputs: list[Any]
+    keep: list[Any]
+
+
+def _to_device(cp, host: np.ndarray, dtype: str, stream, keep: list):
+    """Pinned staging, then an asynchronous copy on ``stream``; the staging
+    buffer is appended to ``keep`` so it outlives the copy."""
     data = np.ascontiguousarray(to_device_dtype(host, dtype))
     pinned = cp.cuda.alloc_pinned_memory(max(1, data.nbytes))
     staged = np.frombuffer(pinned, data.dtype, data.size).reshape(data.shape)
     staged[...] = data
+    keep.append(pinned)
     dev = cp.empty(data.shape, dtype=data.dtype)
     dev.set(staged, stream=stream)
     return dev
 
 
 def _to_host(cp, dev, stream) -> np.ndarray:
+    """An asynchronous copy into pinned host memory (valid after the stream
+    synchronises)."""
     pinned = cp.cuda.alloc_pinned_memory(max(1, dev.nbytes))
     out = np.frombuffer(pinned, dev.dtype, dev.size).reshape(dev.shape)
     dev.get(stream=stream, out=out)
