@@ -7,6 +7,7 @@ r"""``gpuhive``: the command line.
     gpuhive validate DECISION.json --task TASK.json --machine hetero-4
     gpuhive characterise --machine local-cpu --backend cpu
     gpuhive calibrate --machine local-cpu --json
+    gpuhive codegen --kind matmul --dim M=1024 --dim N=1024 --dim K=1024 --show
     gpuhive scan kernel.cu --kernel my_kernel
     gpuhive security-audit
     gpuhive book --machine hetero-4 --backend model --budget quick
@@ -265,6 +266,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- codegen ----------------------------------------------------------------
+
+def cmd_codegen(args: argparse.Namespace) -> int:
+    from lib.codegen import CodegenError, generate_for_cli
+
+    try:
+        kernel = generate_for_cli(args.kind, _parse_dims(args.dim or []),
+                                  dtype=args.dtype, machine_name=args.machine,
+                                  provider=args.provider, model=args.model)
+    except CodegenError as exc:
+        raise UsageError(str(exc)) from None
+    if args.show:
+        sys.stdout.write(kernel.source if kernel.source.endswith("\n")
+                         else kernel.source + "\n")
+        return 0
+    _emit(args, {"kernel": kernel.kernel_name, "provider": kernel.provider,
+                 "model": kernel.model, "label": kernel.label,
+                 "cached": kernel.cached, "fell_back_from": list(kernel.fell_back_from),
+                 "reasons": list(kernel.reasons), "ptx_bytes": kernel.ptx_bytes,
+                 "registers": kernel.registers}, kernel.describe())
+    return 0
+
+
 # -- scan -------------------------------------------------------------------
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -423,6 +447,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("codegen", help="CUDA source specialised to the decision "
+                                       "for a task, through Gate 2")
+    p.add_argument("--kind", required=True, choices=KINDS)
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE")
+    p.add_argument("--dtype", default="fp32", choices=("fp16", "bf16", "fp32", "fp64"))
+    p.add_argument("--machine", default="hetero-4")
+    p.add_argument("--provider", default="template",
+                   choices=("template", "openai", "anthropic", "openai-compatible",
+                            "recorded"))
+    p.add_argument("--model", help="LLM model name (default from GPUHIVE_*_MODEL)")
+    p.add_argument("--show", action="store_true",
+                   help="print the final source on stdout and nothing else")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_codegen)
 
     p = sub.add_parser("scan", help="Gate 2a on a CUDA source file")
     p.add_argument("source", metavar="FILE.cu")

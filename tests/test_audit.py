@@ -63,22 +63,6 @@ def test_project_kernels_are_benign_controls_one_per_kind(cases):
                    ("elementwise", "histogram", "matmul", "reduce", "stencil")}
 
 
-def test_single_kernel_keeps_one_entry_point():
-    src = (audit.KERNELS_DIR / "matmul.cu").read_text()
-    assert src.count('extern "C" __global__') == 3
-    one = audit.single_kernel(src, "matmul_bf16")
-    assert one.count('extern "C" __global__') == 1
-    assert "matmul_bf16(" in one and "matmul_fp32(" not in one
-    assert "matmul_tiled" in one  # the shared template stays
-
-
-def test_single_kernel_names_a_missing_kernel():
-    src = (audit.KERNELS_DIR / "stencil.cu").read_text()
-    with pytest.raises(audit.AuditError, match="'stencil_fp16' not found.*"
-                                               "stencil_fp32, stencil_fp64"):
-        audit.single_kernel(src, "stencil_fp16")
-
-
 def test_malformed_table_is_refused_naming_the_case(cases):
     with pytest.raises(audit.AuditError, match="case g1.share_sum.over: duplicate"):
         audit.validate_cases([cases[0], cases[0]])

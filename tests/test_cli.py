@@ -162,3 +162,26 @@ def test_security_audit_reports_and_exits_by_its_scores():
                and out["false_positive_rate"] == 0.0)
     assert p.returncode == (0 if perfect else 1)
     assert out["counts"]["adversarial"] >= 60 and out["counts"]["benign"] >= 20
+
+
+def test_codegen_show_prints_a_kernel_that_scans_and_compiles(tmp_path):
+    import shutil
+
+    p = gpuhive("codegen", "--kind", "matmul", "--dim", "M=1024", "--dim", "N=1024",
+                "--dim", "K=1024", "--provider", "template", "--show")
+    assert p.returncode == 0, p.stderr
+    src = tmp_path / "mm.cu"
+    src.write_text(p.stdout)
+    assert p.stdout.count('extern "C" __global__') == 1
+    assert gpuhive("scan", str(src), "--kernel", "matmul_fp32").returncode == 0
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    done = subprocess.run(["nvcc", "-ptx", "-arch=sm_80", str(src), "-o",
+                           str(tmp_path / "mm.ptx")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_codegen_without_a_model_is_one_line_and_exit_2():
+    p = gpuhive("codegen", "--kind", "reduce", "--dim", "N=1000", "--provider",
+                "openai")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1

@@ -48,6 +48,7 @@ import numpy as np
 
 from lib.contract import KINDS, ContractError, Decision, TaskSpec
 from lib.costmodel.model import CostParams, default_params, predict
+from lib.home import gpuhive_home
 from lib.machines import Machine, load_machine
 from lib.workloads import split_rows, workload
 
@@ -81,12 +82,6 @@ class CalibrationError(ValueError):
 
 # --------------------------------------------------------------------------
 # Where things are stored
-
-def gpuhive_home() -> Path:
-    """``$GPUHIVE_HOME`` if set, else ``~/.gpuhive``."""
-    env = os.environ.get("GPUHIVE_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".gpuhive"
-
 
 def _safe_name(machine_name: str) -> str:
     if not machine_name or any(c in machine_name for c in "/\\\0") \

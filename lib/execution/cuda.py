@@ -49,14 +49,6 @@ from lib.machines import Machine
 from lib.workloads import Arrays, round_bf16, split_rows, workload
 from lib.workloads import verify as verify_output
 
-#: entry points the kernels provide per (kind, dtype)
-KERNEL_DTYPES: dict[str, tuple[str, ...]] = {
-    "matmul": ("fp32", "fp16", "bf16"),
-    "reduce": ("fp32", "fp16", "bf16"),
-    "elementwise": ("fp32", "fp16", "bf16"),
-    "stencil": ("fp32", "fp64"),
-    "histogram": ("fp32",),
-}
 MATMUL_TILE = 16
 #: 1-D grids are capped here; the kernels' grid-stride loops cover the rest.
 MAX_BLOCKS = 4096
@@ -152,10 +144,12 @@ def entry_point(task: TaskSpec) -> str:
     Raises:
         ExecutionError: the kernels have no entry point for the task's dtype.
     """
-    if task.dtype not in KERNEL_DTYPES[task.kind]:
+    from lib.codegen.specialise import KIND_DTYPES
+
+    if task.dtype not in KIND_DTYPES[task.kind]:
         raise ExecutionError(
             f"no {task.kind}_{task.dtype} kernel: {task.kind} runs in "
-            f"{', '.join(KERNEL_DTYPES[task.kind])} on the cuda backend")
+            f"{', '.join(KIND_DTYPES[task.kind])} on the cuda backend")
     return f"{task.kind}_{task.dtype}"
 
 
@@ -560,8 +554,22 @@ def _to_host(cp, dev, stream) -> np.ndarray:
     return out
 
 
-def default_source_provider(task: TaskSpec, decision: Decision):
-    """Kernel source from the code-gen plane's template provider."""
-    from lib.codegen import template_source
+_GENERATOR: Any = None
 
-    return template_source(task, decision)
+
+def default_source_provider(task: TaskSpec, decision: Decision):
+    """Kernel source from the code-gen plane's template provider: specialised to
+    the decision, through Gate 2a, sealed in the cache (Gate 2b on every hit).
+
+    Returns:
+        ``(source, kernel name, options)``; architecture flags are left to
+        ``cupy.RawModule``, which targets the current device.
+    """
+    global _GENERATOR
+    from lib.codegen import CodeGenerator
+
+    if _GENERATOR is None:
+        _GENERATOR = CodeGenerator(measure_resources=False)
+    kernel = _GENERATOR.generate(task, decision, provider="template")
+    options = tuple(o for o in kernel.options if "arch" not in o)
+    return kernel.source, kernel.kernel_name, options

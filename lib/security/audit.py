@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import re
 import stat
 import statistics
 import tempfile
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.codegen.specialise import KERNELS_DIR, single_kernel
 from lib.contract import Decision, TaskSpec
 from lib.machines import Machine, load_machine
 from lib.security.gate1 import check_decision
@@ -52,7 +52,6 @@ from lib.telemetry import busy
 GATES = ("gate1", "gate2a", "gate2b")
 MACHINE = "hetero-4"
 #: Where the project's own kernels live (a source checkout; not packaged).
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 
 class AuditError(ValueError):
@@ -482,39 +481,6 @@ def _kernel(body: str = "", head: str = "", name: str = "k",
 
 
 _HELPER = "__device__ void helper(float* p) { p[0] = 0.0f; }\n"
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__')
-_NAME_RE = re.compile(r"([A-Za-z_]\w*)\s*\(")
-
-
-def single_kernel(source: str, keep: str) -> str:
-    """``source`` with every ``extern "C" __global__`` function but ``keep``
-    removed (textually: from the marker to the brace that closes its body).
-
-    Raises:
-        AuditError: ``keep`` is not one of the kernels of ``source``.
-    """
-    spans, names = [], []
-    for m in _KERNEL_RE.finditer(source):
-        open_at = source.index("{", m.end())
-        names += [n for n in _NAME_RE.findall(source, m.end(), open_at)
-                  if n not in ("__launch_bounds__", "__attribute__")][:1]
-        depth, k = 0, open_at
-        while True:
-            depth += {"{": 1, "}": -1}.get(source[k], 0)
-            if depth == 0:
-                break
-            k += 1
-        spans.append((m.start(), k + 1))
-    if keep not in names:
-        raise AuditError(f"kernel {keep!r} not found; the source defines "
-                         f"{', '.join(names) or 'none'}")
-    out, last = [], 0
-    for name, (lo, hi) in zip(names, spans, strict=True):
-        if name != keep:
-            out.append(source[last:lo])
-            last = hi
-    out.append(source[last:])
-    return "".join(out)
 
 
 def _project_kernel_cases(kernels_dir: Path) -> tuple[list[Case], list[str]]:

@@ -1,10 +1,10 @@
 // Command-line launcher for one kernel source built on the host with cuda_emu.h.
 //
-// Built by tests/kernel_harness.py as
-//   g++ -std=c++17 -pthread -Itests/emu/include
+// Built by lib/codegen/emulate.py as
+//   g++ -std=c++17 -pthread -Ilib/codegen/emu/include
 //       -DGH_KERNEL_SOURCE='"/abs/kernels/matmul.cu"'
 //       '-DGH_ENTRIES=GH_ENTRY(matmul_fp32) GH_ENTRY(matmul_fp16) ...'
-//       tests/emu/driver.cpp
+//       lib/codegen/emu/driver.cpp
 // and run as
 //   driver ENTRY GX,GY,GZ BX,BY,BZ ARG...
 // with one ARG per kernel parameter, in order:

@@ -1,0 +1,520 @@
+"""PPO with a Dirichlet allocation head and masked categorical heads.
+
+The policy (Schulman et al., 2017, clipped objective; GAE from Schulman et al.,
+2016) maps a normalised observation to
+
+- shares over ``n_devices`` from a :class:`MaskedDirichlet` over the usable
+  devices (unusable ones get share exactly 0);
+- one choice per discrete head from a :class:`MaskedCategorical` (head sizes
+  given at construction, each with its own mask, e.g. mode or comm path);
+- a value estimate.
+
+Architecture: the actor is one :class:`~lib.agent.nn.MLP`
+``obs -> hidden... -> [z (n_devices) | logits_1 | ... | logits_H]``: the hidden
+layers are a shared trunk and the heads are slices of its last affine layer;
+concentrations are ``alpha = softplus(z) + alpha_min``. The critic is a separate
+MLP ``obs -> hidden... -> 1`` (no value gradient reaches the actor). Every
+gradient is hand-written (see :meth:`PPOAgent.loss_and_grads`).
+
+A rollout batch for :meth:`PPOAgent.update` is a dict of arrays (``B`` rows,
+``n = n_devices``, ``H = len(discrete_sizes)``)::
+
+    obs            (B, obs_dim) float   raw observations (normalised inside)
+    device_mask    (B, n)       bool    usable devices when the action was taken
+    discrete_masks list of H arrays (B, size_h) bool, the masks at acting time
+    shares         (B, n)       float   the allocation taken
+    choices        (B, H)       int     the discrete choices taken
+    logp           (B,)         float   log-probability when acting
+    advantages     (B,)         float   e.g. from :func:`gae`
+    returns        (B,)         float   value targets (advantages + values)
+
+Observation normalisation: :meth:`PPOAgent.act` normalises with the current
+running statistics without changing them; :meth:`PPOAgent.update` normalises the
+batch with those same statistics (so the recomputed log-probabilities match the
+ones recorded) and merges the batch into the statistics at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.agent.distributions import (
+    MaskedCategorical,
+    MaskedDirichlet,
+    concentration_backward,
+    concentration_forward,
+)
+from lib.agent.nn import MLP, Adam, AdamConfig, Params, assign_params, prefixed
+from lib.agent.normalize import RunningMeanStd
+
+#: Format tag and version written into every saved policy.
+POLICY_FORMAT = "lib.agent.ppo"
+POLICY_VERSION = 1
+
+
+class PolicyFormatError(ValueError):
+    """A saved policy cannot be used: wrong format, version, spec or arrays."""
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of :class:`PPOAgent` (CleanRL-style: one field, one line)."""
+
+    lr: float = 3e-4
+    """Adam step size (1e-4 to 1e-3)."""
+    clip: float = 0.2
+    """Clipping range epsilon of the probability ratio (0.1 to 0.3)."""
+    gamma: float = 0.99
+    """Discount factor per decision (irrelevant for one-step episodes)."""
+    lam: float = 0.95
+    """GAE lambda (0.9 to 1)."""
+    epochs: int = 10
+    """Passes over each rollout batch per update (3 to 10)."""
+    minibatch_size: int = 64
+    """Rows per gradient step (32 to 512)."""
+    ent_coef: float = 1e-3
+    """Weight of the entropy bonus (Dirichlet + categoricals; 0 to 0.01)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss ``0.5 * (V - R)^2``."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this (0 disables)."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of actor trunk and critic."""
+    activation: str = "tanh"
+    """Hidden activation, ``"tanh"`` or ``"relu"``."""
+    alpha_min: float = 1.0
+    """Floor added to the Dirichlet concentrations (>= 1 keeps it unimodal)."""
+    alpha_init: float = 4.0
+    """Initial concentration of every device (larger = samples nearer equal split)."""
+    normalize_advantages: bool = True
+    """Standardise advantages per minibatch."""
+    normalize_obs: bool = True
+    """Keep running observation statistics and normalise inputs with them."""
+    target_kl: float = 0.0
+    """Stop an update's epochs early once approx. KL exceeds this (0 disables)."""
+    seed: int = 0
+    """Seed of the weight initialisation and minibatch shuffling."""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (tuples become lists)."""
+        out = asdict(self)
+        out["hidden"] = list(self.hidden)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PPOConfig:
+        """Inverse of :meth:`to_json`."""
+        data = dict(data)
+        data["hidden"] = tuple(data["hidden"])
+        return cls(**data)
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,
+        last_value: np.ndarray | float, gamma: float,
+        lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimates and returns.
+
+    Args:
+        rewards: ``(T,)`` or ``(T, n_envs)``; reward after step ``t``.
+        values: same shape; ``V(s_t)``.
+        dones: same shape; 1 if the episode ended at step ``t`` (no
+            bootstrapping from ``t + 1``).
+        last_value: ``V(s_T)`` of the state after the last step (scalar or
+            ``(n_envs,)``).
+        gamma: discount factor.
+        lam: GAE lambda (0: one-step TD, 1: Monte Carlo minus baseline).
+
+    Returns:
+        ``(advantages, returns)``, float64, shaped like ``rewards``;
+        ``returns = advantages + values``.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    d = np.asarray(dones, dtype=np.float64)
+    adv = np.zeros_like(r)
+    next_v = np.asarray(last_value, dtype=np.float64)
+    running = np.zeros_like(r[0]) if r.ndim > 1 else 0.0
+    for t in reversed(range(r.shape[0])):
+        live = 1.0 - d[t]
+        delta = r[t] + gamma * live * next_v - v[t]
+        running = delta + gamma * lam * live * running
+        adv[t] = running
+        next_v = v[t]
+    return adv, adv + v
+
+
+def _inv_softplus(y: float) -> float:
+    return float(y + np.log(-np.expm1(-y)))
+
+
+@dataclass
+class ActOutput:
+    """What :meth:`PPOAgent.act_batch` returns (``B`` rows)."""
+
+    shares: np.ndarray
+    """``(B, n_devices)`` float64, rows sum to 1, 0 on unusable devices."""
+    choices: np.ndarray
+    """``(B, H)`` int64 discrete choices."""
+    logp: np.ndarray
+    """``(B,)`` joint log-probability of shares and choices."""
+    value: np.ndarray
+    """``(B,)`` value estimates."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Distribution parameters for inspection (``alpha``, ``probs``)."""
+
+
+class PPOAgent:
+    """Actor-critic trained with clipped PPO.
+
+    Args:
+        obs_dim: observation length.
+        n_devices: device slots of the allocation head.
+        discrete_sizes: number of options of each discrete head (may be empty).
+        config: hyperparameters.
+
+    Attributes:
+        params: every trainable array, ``"actor.W0"``, ..., ``"critic.b2"``.
+        obs_rms: the running observation statistics.
+    """
+
+    def __init__(self, obs_dim: int, n_devices: int, discrete_sizes: Sequence[int],
+                 config: PPOConfig | None = None) -> None:
+        self.config = c = config or PPOConfig()
+        self.obs_dim = int(obs_dim)
+        self.n_devices = int(n_devices)
+        self.discrete_sizes = [int(s) for s in discrete_sizes]
+        if self.n_devices < 1 or any(s < 1 for s in self.discrete_sizes):
+            raise ValueError(f"need n_devices >= 1 and head sizes >= 1, got "
+                             f"{self.n_devices} and {self.discrete_sizes}")
+        self.rng = np.random.default_rng(c.seed)
+        out_dim = self.n_devices + sum(self.discrete_sizes)
+        self.actor = MLP([self.obs_dim, *c.hidden, out_dim], self.rng,
+                         activation=c.activation, out_gain=0.01)
+        self.critic = MLP([self.obs_dim, *c.hidden, 1], self.rng,
+                          activation=c.activation, out_gain=1.0)
+        last = f"b{self.actor.n_layers - 1}"
+        if c.alpha_init <= c.alpha_min:
+            raise ValueError(f"alpha_init {c.alpha_init} must exceed alpha_min "
+                             f"{c.alpha_min}")
+        self.actor.params[last][: self.n_devices] = _inv_softplus(
+            c.alpha_init - c.alpha_min)
+        self.params: Params = {**prefixed(self.actor.params, "actor"),
+                               **prefixed(self.critic.params, "critic")}
+        self.optimizer = Adam(self.params, AdamConfig(
+            lr=c.lr, eps=c.adam_eps, max_grad_norm=c.max_grad_norm))
+        self.obs_rms = RunningMeanStd(self.obs_dim)
+        #: The header of the file this agent was loaded from (else ``None``).
+        self.loaded_header: dict[str, Any] | None = None
+        offsets = np.cumsum([0, self.n_devices, *self.discrete_sizes])
+        self._slices = [slice(int(a), int(b))
+                        for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+    # ------------------------------------------------------------------
+    # Acting
+
+    def _prep(self, obs: np.ndarray, device_mask: np.ndarray | None,
+              discrete_masks: Sequence[np.ndarray] | None
+              ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        x = np.atleast_2d(np.asarray(obs, dtype=np.float64))
+        if x.shape[1] != self.obs_dim:
+            raise ValueError(f"observation has {x.shape[1]} features, the policy "
+                             f"expects {self.obs_dim}")
+        b = x.shape[0]
+        dm = (np.ones((b, self.n_devices), dtype=bool) if device_mask is None
+              else np.broadcast_to(np.asarray(device_mask, dtype=bool),
+                                   (b, self.n_devices)))
+        if discrete_masks is None:
+            discrete_masks = [None] * len(self.discrete_sizes)
+        if len(discrete_masks) != len(self.discrete_sizes):
+            raise ValueError(f"{len(discrete_masks)} discrete masks for "
+                             f"{len(self.discrete_sizes)} discrete heads")
+        masks = [np.ones((b, s), dtype=bool) if m is None
+                 else np.broadcast_to(np.asarray(m, dtype=bool), (b, s))
+                 for m, s in zip(discrete_masks, self.discrete_sizes, strict=True)]
+        return x, dm, masks
+
+    def _normalize(self, x: np.ndarray) -> np.ndarray:
+        return self.obs_rms.normalize(x) if self.config.normalize_obs else x
+
+    def _dists(self, out: np.ndarray, device_mask: np.ndarray,
+               masks: Sequence[np.ndarray]
+               ) -> tuple[MaskedDirichlet, list[MaskedCategorical]]:
+        z = out[:, self._slices[0]]
+        dirichlet = MaskedDirichlet(concentration_forward(z, self.config.alpha_min),
+                                    device_mask)
+        cats = [MaskedCategorical(out[:, s], m)
+                for s, m in zip(self._slices[1:], masks, strict=True)]
+        return dirichlet, cats
+
+    def act_batch(self, obs: np.ndarray, device_mask: np.ndarray | None = None,
+                  discrete_masks: Sequence[np.ndarray] | None = None,
+                  rng: np.random.Generator | None = None,
+                  deterministic: bool = False) -> ActOutput:
+        """Actions for a batch of raw observations ``(B, obs_dim)``.
+
+        Masks broadcast to ``(B, n_devices)`` and ``(B, size_h)`` (``None`` =
+        all allowed). ``deterministic`` takes the Dirichlet mean and the most
+        probable choices; otherwise samples with ``rng`` (default: the agent's).
+        """
+        x, dm, masks = self._prep(obs, device_mask, discrete_masks)
+        xn = self._normalize(x)
+        dirichlet, cats = self._dists(self.actor(xn), dm, masks)
+        rng = self.rng if rng is None else rng
+        if deterministic:
+            shares = dirichlet.mean
+            choices = [c.mode() for c in cats]
+        else:
+            shares = dirichlet.sample(rng)
+            choices = [c.sample(rng) for c in cats]
+        logp = dirichlet.log_prob(shares)
+        for c, a in zip(cats, choices, strict=True):
+            logp = logp + c.log_prob(a)
+        ch = (np.stack(choices, axis=1) if choices
+              else np.zeros((x.shape[0], 0), dtype=np.int64))
+        return ActOutput(shares=shares, choices=ch, logp=logp,
+                         value=self.critic(xn)[:, 0],
+                         extras={"alpha": dirichlet.alpha,
+                                 "probs": [c.probs for c in cats]})
+
+    def act(self, obs: np.ndarray, device_mask: np.ndarray | None = None,
+            discrete_masks: Sequence[np.ndarray] | None = None,
+            rng: np.random.Generator | None = None, deterministic: bool = False
+            ) -> tuple[np.ndarray, list[int], float, float]:
+        """One decision for one raw observation ``(obs_dim,)``.
+
+        Returns:
+            ``(shares (n_devices,), choices list[int], logp, value)``.
+        """
+        out = self.act_batch(obs, device_mask, discrete_masks, rng, deterministic)
+        return (out.shares[0], [int(a) for a in out.choices[0]],
+                float(out.logp[0]), float(out.value[0]))
+
+    def propose(self, obs: np.ndarray, device_mask: np.ndarray | None = None,
+                discrete_masks: Sequence[np.ndarray] | None = None
+                ) -> tuple[np.ndarray, list[int]]:
+        """The common learner interface: deterministic ``(shares, choices)``."""
+        shares, choices, _, _ = self.act(obs, device_mask, discrete_masks,
+                                         deterministic=True)
+        return shares, choices
+
+    # ------------------------------------------------------------------
+    # Loss
+
+    def loss_and_grads(self, mb: dict[str, Any], normalized: bool = False
+                       ) -> tuple[float, Params, dict[str, float]]:
+        """Clipped PPO loss of a minibatch and its gradient w.r.t. :attr:`params`.
+
+        ``loss = -mean(min(r A, clip(r, 1-eps, 1+eps) A))
+        + vf_coef * 0.5 * mean((V - R)^2) - ent_coef * mean(H)`` with
+        ``r = exp(logp - logp_old)`` and ``H`` the Dirichlet entropy plus the
+        categorical entropies. At ties the unclipped branch is taken, so the
+        gradient is exact away from the kinks ``r = 1 +- eps``.
+
+        Args:
+            mb: minibatch dict (see the module docstring).
+            normalized: ``mb["obs"]`` is already normalised.
+
+        Returns:
+            ``(loss, grads, stats)``; grads keyed like :attr:`params`.
+        """
+        c = self.config
+        x, dm, masks = self._prep(mb["obs"], mb["device_mask"],
+                                  mb.get("discrete_masks"))
+        xn = x if normalized else self._normalize(x)
+        b = x.shape[0]
+        shares = np.asarray(mb["shares"], dtype=np.float64)
+        choices = np.asarray(mb["choices"], dtype=np.int64).reshape(b, -1)
+        adv = np.asarray(mb["advantages"], dtype=np.float64)
+        if c.normalize_advantages and b > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+        out, cache_a = self.actor.forward(xn)
+        dirichlet, cats = self._dists(out, dm, masks)
+        logp = dirichlet.log_prob(shares)
+        ent = dirichlet.entropy()
+        for h, cat in enumerate(cats):
+            logp = logp + cat.log_prob(choices[:, h])
+            ent = ent + cat.entropy()
+        ratio = np.exp(logp - np.asarray(mb["logp"], dtype=np.float64))
+        s1 = ratio * adv
+        s2 = np.clip(ratio, 1.0 - c.clip, 1.0 + c.clip) * adv
+        unclipped = s1 <= s2
+        pg_loss = -np.mean(np.where(unclipped, s1, s2))
+        ent_mean = float(np.mean(ent))
+
+        dlogp = -np.where(unclipped, s1, 0.0) / b
+        dent = np.full(b, -c.ent_coef / b)
+        dout = np.zeros_like(out)
+        z = out[:, self._slices[0]]
+        dalpha = (dirichlet.log_prob_backward_alpha(shares, dlogp)
+                  + dirichlet.entropy_backward_alpha(dent))
+        dout[:, self._slices[0]] = concentration_backward(dalpha, z)
+        for h, (s, cat) in enumerate(zip(self._slices[1:], cats, strict=True)):
+            dout[:, s] = (cat.log_prob_backward(choices[:, h], dlogp)
+                          + cat.entropy_backward(dent))
+        _, g_actor = self.actor.backward(dout, cache_a)
+
+        v, cache_c = self.critic.forward(xn)
+        err = v[:, 0] - np.asarray(mb["returns"], dtype=np.float64)
+        v_loss = 0.5 * float(np.mean(err**2))
+        _, g_critic = self.critic.backward((c.vf_coef * err / b)[:, None], cache_c)
+
+        loss = float(pg_loss + c.vf_coef * v_loss - c.ent_coef * ent_mean)
+        log_ratio = logp - np.asarray(mb["logp"], dtype=np.float64)
+        stats = {
+            "loss": loss, "policy_loss": float(pg_loss), "value_loss": v_loss,
+            "entropy": ent_mean,
+            "approx_kl": float(np.mean(np.expm1(log_ratio) - log_ratio)),
+            "clip_frac": float(np.mean(np.abs(ratio - 1.0) > c.clip)),
+        }
+        grads = {**prefixed(g_actor, "actor"), **prefixed(g_critic, "critic")}
+        return loss, grads, stats
+
+    def update(self, batch: dict[str, Any]) -> dict[str, float]:
+        """Several epochs of minibatch Adam steps on one rollout batch.
+
+        Returns:
+            Means over the gradient steps of ``loss``, ``policy_loss``,
+            ``value_loss``, ``entropy``, ``approx_kl``, ``clip_frac``,
+            ``grad_norm``; plus ``steps`` and ``explained_variance``.
+        """
+        c = self.config
+        x, dm, masks = self._prep(batch["obs"], batch["device_mask"],
+                                  batch.get("discrete_masks"))
+        b = x.shape[0]
+        data = {
+            "obs": self._normalize(x), "device_mask": dm, "discrete_masks": masks,
+            "shares": np.asarray(batch["shares"], dtype=np.float64),
+            "choices": np.asarray(batch["choices"], dtype=np.int64).reshape(b, -1),
+            "logp": np.asarray(batch["logp"], dtype=np.float64),
+            "advantages": np.asarray(batch["advantages"], dtype=np.float64),
+            "returns": np.asarray(batch["returns"], dtype=np.float64),
+        }
+        values = self.critic(data["obs"])[:, 0]
+        history: list[dict[str, float]] = []
+        mbs = max(1, min(c.minibatch_size, b))
+        for _ in range(c.epochs):
+            order = self.rng.permutation(b)
+            epoch_kl = []
+            for start in range(0, b, mbs):
+                idx = order[start:start + mbs]
+                mb = {k: ([m[idx] for m in v] if k == "discrete_masks" else v[idx])
+                      for k, v in data.items()}
+                _, grads, stats = self.loss_and_grads(mb, normalized=True)
+                stats.update(self.optimizer.step(grads))
+                history.append(stats)
+                epoch_kl.append(stats["approx_kl"])
+            if c.target_kl > 0 and np.mean(epoch_kl) > c.target_kl:
+                break
+        out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        out["steps"] = float(len(history))
+        var = float(np.var(data["returns"]))
+        out["explained_variance"] = (float(1.0 - np.var(data["returns"] - values)
+                                           / var) if var > 0 else float("nan"))
+        if c.normalize_obs:
+            self.obs_rms.update(x)
+        return out
+
+    # ------------------------------------------------------------------
+    # Files
+
+    def header(self, user: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON header written by :meth:`save` (user fields merged in)."""
+        head = dict(user or {})
+        head.update({
+            "format": POLICY_FORMAT, "version": POLICY_VERSION,
+            "obs_dim": self.obs_dim, "n_devices": self.n_devices,
+            "discrete_sizes": self.discrete_sizes,
+            "config": self.config.to_json(), "obs_norm": self.obs_rms.to_json(),
+        })
+        return head
+
+    def save(self, path: str | Path, header: dict[str, Any] | None = None) -> Path:
+        """Write weights and a JSON header to an ``.npz`` file.
+
+        Args:
+            path: file to write (written exactly there, suffix included).
+            header: JSON-able fields to store, typically ``{"spec": <the
+                machine feature spec, e.g. contract.STATE_FIELDS names and
+                STATE_VERSION>}``; :meth:`load` compares ``header["spec"]``.
+
+        The header also records format, version, sizes, config and the
+        observation normalisation statistics.
+        """
+        path = Path(path)
+        text = json.dumps(self.header(header), sort_keys=True)
+        arrays = {f"param/{k}": v for k, v in self.params.items()}
+        with path.open("wb") as fh:
+            np.savez(fh, header=np.array(text), **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, expected_spec: Any = None) -> PPOAgent:
+        """Read a policy written by :meth:`save`.
+
+        Args:
+            path: the ``.npz`` file.
+            expected_spec: if not ``None``, must equal the saved
+                ``header["spec"]`` (after a JSON round trip).
+
+        Raises:
+            PolicyFormatError: not a policy file, another format or version,
+                a spec that differs (the differing keys are named) or arrays
+                that do not fit the recorded sizes.
+        """
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                head = json.loads(str(npz["header"]))
+                arrays = {k[len("param/"):]: npz[k] for k in npz.files
+                          if k.startswith("param/")}
+        except (OSError, ValueError, KeyError) as exc:
+            raise PolicyFormatError(f"{path}: not a readable policy file "
+                                    f"({exc})") from exc
+        if head.get("format") != POLICY_FORMAT:
+            raise PolicyFormatError(f"{path}: format {head.get('format')!r}, "
+                                    f"expected {POLICY_FORMAT!r}")
+        if head.get("version") != POLICY_VERSION:
+            raise PolicyFormatError(f"{path}: version {head.get('version')!r}, "
+                                    f"this code reads version {POLICY_VERSION}")
+        if expected_spec is not None:
+            saved = head.get("spec")
+            want = json.loads(json.dumps(expected_spec))
+            if saved != want:
+                raise PolicyFormatError(f"{path}: feature spec differs from the "
+                                        f"expected one: {_spec_diff(saved, want)}")
+        try:
+            agent = cls(head["obs_dim"], head["n_devices"], head["discrete_sizes"],
+                        PPOConfig.from_json(head["config"]))
+            assign_params(agent.params, arrays)
+            agent.obs_rms = RunningMeanStd.from_json(head["obs_norm"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PolicyFormatError(f"{path}: header and arrays do not describe "
+                                    f"a policy of this version: {exc}") from exc
+        agent.loaded_header = head
+        return agent
+
+
+def _spec_diff(saved: Any, want: Any) -> str:
+    """Short description of how two specs differ."""
+    if isinstance(saved, dict) and isinstance(want, dict):
+        keys = sorted(k for k in set(saved) | set(want)
+                      if saved.get(k) != want.get(k))
+        parts = [f"{k}: saved {_short(saved.get(k))}, expected {_short(want.get(k))}"
+                 for k in keys[:5]]
+        return "; ".join(parts) + ("" if len(keys) <= 5 else f"; and {len(keys) - 5}"
+                                   f" more")
+    return f"saved {_short(saved)}, expected {_short(want)}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

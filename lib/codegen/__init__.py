@@ -1,0 +1,37 @@
+"""The code-gen plane: CUDA source for a (task, decision), through Gate 2.
+
+- :func:`generate`, :class:`CodeGenerator` -- serve a :class:`GeneratedKernel`
+  from the template or an LLM provider, behind the sealed cache.
+- :func:`generate_for_cli` -- what ``gpuhive codegen`` does.
+- :func:`cache_hit_benchmark` -- cache-hit latency (goal under 1 ms).
+- :func:`render_template`, :func:`single_kernel` -- the template provider's
+  specialisation of ``kernels/<kind>.cu``.
+- :mod:`lib.codegen.llm` (providers, prompt, code-block extraction),
+  :mod:`lib.codegen.cache` (the sealed cache), :mod:`lib.codegen.nvrtc`
+  (NVRTC and headers), :mod:`lib.codegen.emulate` and
+  :mod:`lib.codegen.spotcheck` (the CPU emulation harness and the numerical
+  check).
+"""
+
+from lib.codegen.cache import KernelCache, cache_key, gpuhive_home
+from lib.codegen.llm import PROVIDERS, build_prompt, extract_code, make_provider
+from lib.codegen.plane import (
+    CodeGenerator,
+    GeneratedKernel,
+    cache_hit_benchmark,
+    generate,
+    generate_for_cli,
+)
+from lib.codegen.specialise import (
+    CodegenError,
+    render_template,
+    single_kernel,
+    template_version,
+)
+
+__all__ = [
+    "PROVIDERS", "CodeGenerator", "CodegenError", "GeneratedKernel", "KernelCache",
+    "build_prompt", "cache_hit_benchmark", "cache_key", "extract_code", "generate",
+    "generate_for_cli", "gpuhive_home", "make_provider", "render_template",
+    "single_kernel", "template_version",
+]

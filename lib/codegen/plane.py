@@ -1,0 +1,398 @@
+"""The code-gen plane: (task, decision) -> a compiled, gated kernel.
+
+:meth:`CodeGenerator.generate` serves one request:
+
+1. the cache key (config hash, provider, model, template version); a hit is
+   re-verified by Gate 2b and returned, a tampered entry is evicted and logged;
+2. on a miss, the provider writes the source: the template (deterministic,
+   :mod:`lib.codegen.specialise`) or an LLM (:mod:`lib.codegen.llm`), whose
+   answer must hold exactly one code block;
+3. Gate 2a scans the source and the compile options; NVRTC compiles it to PTX;
+   an LLM's kernel must also pass the numerical spot check against NumPy
+   (:mod:`lib.codegen.spotcheck`, emulated on the CPU here, on the device where
+   there is one);
+4. the kernel is sealed (Gate 2b) into the cache and returned as a
+   :class:`GeneratedKernel`.
+
+A rejected LLM answer is logged with its reason and never cached; the template
+takes over (``fell_back_from``/``reasons`` say why), so every request that the
+template can serve gets a kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lib.codegen import llm, nvrtc, spotcheck
+from lib.codegen.cache import KernelCache, cache_key
+from lib.codegen.emulate import EmulationError
+from lib.codegen.specialise import (
+    CodegenError,
+    entry_name,
+    render_template,
+    template_version,
+    tunables,
+)
+from lib.contract import Decision, TaskSpec, config_hash
+from lib.security import Verdict, check_compile_options, scan_source
+
+log = logging.getLogger("lib.codegen")
+
+DEFAULT_ARCH = 80
+"""Compute capability PTX is generated for (compute_80 runs on sm_80 and newer)."""
+
+LABELS = {"template": "TEMPLATE", "recorded": "RECORDED"}
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """A kernel the plane hands to the execution plane.
+
+    Attributes:
+        source: the CUDA source that passed Gate 2a (and was sealed).
+        kernel_name: its one entry point, ``<kind>_<dtype>``.
+        provider: who wrote the source: ``"template"``, ``"openai"``, ...
+        model: the LLM model (``None`` for the template).
+        label: ``"TEMPLATE"``, ``"LLM"`` or ``"RECORDED"``.
+        arch: the target, ``"compute_80"``.
+        options: NVRTC options, Gate-2a-checked (defines are in the source).
+        ptx: the compiled PTX text.
+        verdicts: gate -> Verdict: ``"gate2a"`` (source), ``"gate2a.options"``
+            and ``"gate2b"`` (the seal, checked at write and on every hit).
+        resources: ptxas usage per entry (registers, shared_bytes, spills...)
+            for the miss that compiled it, where nvcc is on PATH; else None.
+        spot: the numerical spot check (LLM kernels; None for the template).
+        cached: served from the cache (verified by Gate 2b).
+        cache_key: the 64-hex key the entry is stored and sealed under.
+        fell_back_from: providers whose answers were rejected, in order.
+        reasons: why each was rejected (one line each).
+        seconds: wall time of the request.
+    """
+
+    source: str
+    kernel_name: str
+    provider: str
+    model: str | None
+    label: str
+    arch: str
+    options: tuple[str, ...]
+    ptx: str
+    verdicts: Mapping[str, Verdict]
+    resources: Mapping[str, Mapping[str, int]] | None = None
+    spot: spotcheck.SpotResult | None = None
+    cached: bool = False
+    cache_key: str = ""
+    fell_back_from: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def ptx_bytes(self) -> int:
+        """Size of the PTX, bytes."""
+        return len(self.ptx.encode())
+
+    @property
+    def registers(self) -> int | None:
+        """Registers per thread of the entry point, where ptxas measured it."""
+        usage = (self.resources or {}).get(self.kernel_name)
+        return usage.get("registers") if usage else None
+
+    def describe(self) -> str:
+        """A few lines for the command line (everything but the source)."""
+        lines = [f"kernel   {self.kernel_name} [{self.label}] provider="
+                 f"{self.provider}" + (f" model={self.model}" if self.model else ""),
+                 f"compile  {self.arch} ptx={self.ptx_bytes} B "
+                 f"options={' '.join(self.options)}"
+                 + (f" registers={self.registers}" if self.registers else ""),
+                 f"cache    {'hit' if self.cached else 'miss'} key="
+                 f"{self.cache_key[:16]}"]
+        lines += [f"gate     {name}: " + ("accepted" if v.accepted else v.summary())
+                  for name, v in self.verdicts.items()]
+        if self.spot is not None:
+            lines.append(f"spot     {'PASS' if self.spot.passed else 'FAIL'} "
+                         f"max|err|={self.spot.max_abs_error:.3g} on "
+                         f"{self.spot.task} ({self.spot.runner})")
+        for who, why in zip(self.fell_back_from, self.reasons, strict=True):
+            lines.append(f"fallback {who} rejected: {why}")
+        return "\n".join(lines)
+
+
+class Rejected(Exception):
+    """One candidate source failed a check; the message is the reason."""
+
+
+@dataclass
+class CodeGenerator:
+    """Serves kernels for (task, decision) pairs behind one sealed cache.
+
+    Args:
+        cache: the kernel cache; default :class:`KernelCache` under
+            ``$GPUHIVE_HOME``. ``None`` there means that default; pass
+            ``use_cache=False`` to compile every time.
+        arch: compute capability to compile for (80: ``compute_80``).
+        spot_runner: where LLM kernels are spot-checked: ``"auto"``,
+            ``"emulated"`` or ``"cuda"`` (:mod:`lib.codegen.spotcheck`).
+        measure_resources: run ptxas (when nvcc is on PATH) on each miss.
+    """
+
+    cache: KernelCache | None = None
+    arch: int = DEFAULT_ARCH
+    spot_runner: str = "auto"
+    measure_resources: bool = True
+    use_cache: bool = True
+    _compiler: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.use_cache and self.cache is None:
+            self.cache = KernelCache()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return (f"--gpu-architecture=compute_{self.arch}", "--std=c++17")
+
+    def generate(self, task: TaskSpec, decision: Decision,
+                 provider: str | llm.Provider = "template", *,
+                 model: str | None = None,
+                 overrides: Mapping[str, int] | None = None) -> GeneratedKernel:
+        """The kernel for ``task`` under ``decision`` from ``provider``.
+
+        Args:
+            provider: ``"template"``, a name of :data:`lib.codegen.llm.PROVIDERS`
+                or a provider object (e.g. one pointed at another base URL).
+            model: the LLM model (default from the provider's environment
+                variable).
+            overrides: tunables for the template (``{"MATMUL_TILE": 8}``).
+
+        Raises:
+            CodegenError: the template itself could not be served (a bug, or
+                no NVRTC).
+        """
+        start = time.perf_counter()
+        digest = config_hash(task, decision)
+        fell, reasons = [], []
+        if provider != "template":
+            try:
+                source = provider if not isinstance(provider, str) else \
+                    llm.make_provider(provider, model)
+                return self._serve(task, decision, digest, source, overrides,
+                                   start)
+            except Rejected as why:
+                name = provider if isinstance(provider, str) else provider.name
+                fell.append(name)
+                reasons.append(str(why))
+                log.warning("rejected %s kernel for %s: %s; the template takes "
+                            "over", name, task.describe(), why)
+        kernel = self._serve(task, decision, digest, None, overrides, start)
+        return _replace(kernel, fell_back_from=tuple(fell), reasons=tuple(reasons),
+                        seconds=time.perf_counter() - start)
+
+    # ---- one provider ----------------------------------------------------------
+
+    def _serve(self, task: TaskSpec, decision: Decision, digest: str,
+               provider: llm.Provider | None, overrides: Mapping[str, int] | None,
+               start: float) -> GeneratedKernel:
+        """Cache hit or generate-check-compile-seal for one provider (``None``:
+        the template). Raises :class:`Rejected` for an LLM candidate."""
+        entry = entry_name(task.kind, task.dtype)
+        version = template_version(task.kind)
+        if provider is None:
+            name, model, label = "template", None, "TEMPLATE"
+        else:
+            name, model = provider.name, provider.model
+            label = LABELS.get(name, provider.label)
+            version = f"{version}.p{llm.PROMPT_VERSION}"
+        if overrides:
+            version += "." + ",".join(f"{k}={v}" for k, v in sorted(
+                overrides.items()))
+        key = cache_key(digest, name, model, version)
+        if self.use_cache:
+            hit, verdict = self.cache.get(key)
+            if hit is not None:
+                return GeneratedKernel(
+                    source=hit.source, kernel_name=entry, provider=name, model=model,
+                    label=label, arch=hit.arch, options=hit.options,
+                    ptx=hit.binary.decode(), verdicts={"gate2b": verdict},
+                    cached=True, cache_key=key,
+                    seconds=time.perf_counter() - start)
+        spot = None
+        if provider is None:
+            source = render_template(task, decision, overrides)
+        else:
+            source = self._ask(provider, task, decision)
+        gate2a = scan_source(source, entry)
+        options = self.options
+        gate_opts = check_compile_options(list(options))
+        if not (gate2a.accepted and gate_opts.accepted):
+            bad = gate2a if not gate2a.accepted else gate_opts
+            self._reject(provider, f"Gate 2a: {bad.summary()}")
+        try:
+            ptx = nvrtc.compile_ptx(source, f"{entry}.cu", self.arch,
+                                    options[2:])
+        except nvrtc.CompileError as exc:
+            self._reject(provider, "NVRTC: " + _first_error(str(exc)))
+        if provider is not None:
+            tile = tunables(task, decision).get("MATMUL_TILE", 16)
+            try:
+                spot = spotcheck.spot_check(source, task, decision,
+                                            self.spot_runner, tile=tile)
+            except EmulationError as exc:
+                self._reject(provider, "spot check did not run: "
+                             + _first_error(str(exc)))
+            if not spot.passed:
+                self._reject(provider, f"spot check failed on {spot.task}: max "
+                             f"|error| {spot.max_abs_error:.3g} above tolerance "
+                             f"({spot.runner})")
+        resources = None
+        if self.measure_resources:
+            try:
+                resources = nvrtc.ptxas_resources(ptx, self.arch)
+            except nvrtc.CompileError as exc:
+                log.info("ptxas could not measure %s: %s", entry, exc)
+        arch = f"compute_{self.arch}"
+        verdicts = {"gate2a": gate2a, "gate2a.options": gate_opts}
+        if self.use_cache:
+            sealed = self.cache.put(key, source, ptx, options, arch,
+                                    self._compiler_name())
+            verdicts["gate2b"] = self.cache.seal.verify(sealed, key)
+        return GeneratedKernel(
+            source=source, kernel_name=entry, provider=name, model=model,
+            label=label, arch=arch, options=options, ptx=ptx, verdicts=verdicts,
+            resources=resources, spot=spot, cached=False, cache_key=key,
+            seconds=time.perf_counter() - start)
+
+    def _ask(self, provider: llm.Provider, task: TaskSpec,
+             decision: Decision) -> str:
+        prompt = llm.build_prompt(task, decision)
+        try:
+            answer = provider.ask(prompt, task)
+        except CodegenError as exc:
+            raise Rejected(str(exc)) from None
+        except Exception as exc:  # any SDK or transport error: fall back
+            raise Rejected(f"request failed: {type(exc).__name__}: "
+                           f"{str(exc)[:160]}") from None
+        code, why = llm.extract_code(answer)
+        if code is None:
+            raise Rejected(why)
+        return code
+
+    @staticmethod
+    def _reject(provider: llm.Provider | None, reason: str) -> None:
+        if provider is None:  # the template is the fallback: nothing is left
+            raise CodegenError(f"the template kernel failed: {reason}")
+        raise Rejected(reason)
+
+    def _compiler_name(self) -> str:
+        if not self._compiler:
+            self._compiler = nvrtc.compiler_name()
+        return self._compiler
+
+
+def _first_error(log_text: str, lines: int = 3) -> str:
+    """The first lines of a compiler log that say ``error``, joined."""
+    found = [ln.strip() for ln in log_text.splitlines() if "error" in ln.lower()]
+    return " | ".join((found or log_text.strip().splitlines()[:1])[:lines])[:300]
+
+
+def _replace(kernel: GeneratedKernel, **changes: Any) -> GeneratedKernel:
+    from dataclasses import replace
+
+    return replace(kernel, **changes)
+
+
+def generate(task: TaskSpec, decision: Decision,
+             provider: str | llm.Provider = "template", *,
+             model: str | None = None, home: Path | None = None,
+             **options: Any) -> GeneratedKernel:
+    """One request through a :class:`CodeGenerator` (cache under ``home`` if
+    given, else ``$GPUHIVE_HOME``); ``options`` go to the generator."""
+    cache = KernelCache(home / "kernels", home / "keys" / "seal.key") if home \
+        else None
+    return CodeGenerator(cache=cache, **options).generate(task, decision, provider,
+                                                          model=model)
+
+
+def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = "fp32",
+                     machine_name: str = "hetero-4", provider: str = "template",
+                     model: str | None = None) -> GeneratedKernel:
+    """What ``gpuhive codegen --kind K --dim NAME=VALUE ... [--dtype D]
+    [--machine M] --provider P [--model X] [--show]`` does.
+
+    The decision is the proportional-to-peak baseline's for the task on the
+    machine, checked by Gate 1. ``--show`` prints ``kernel.source`` and nothing
+    else; without it the CLI prints ``kernel.describe()``.
+
+    Raises:
+        lib.contract.ContractError: a bad kind, dimension or dtype (a
+            ValueError naming the field).
+        CodegenError: Gate 1 refused the decision, a provider is not
+            configured for the template-only path, or no NVRTC.
+    """
+    from lib.baselines import ProportionalToPeak
+    from lib.machines import load_machine
+    from lib.security import check_decision
+
+    task = TaskSpec(kind, dict(dims), dtype)
+    machine = load_machine(machine_name)
+    decision = ProportionalToPeak().decide(task, machine, None).with_hash(task)
+    verdict = check_decision(decision, task, machine)
+    if not verdict.accepted:
+        raise CodegenError(f"Gate 1 refused the decision for {task.describe()}: "
+                           f"{verdict.summary()}")
+    return CodeGenerator().generate(task, decision, provider, model=model)
+
+
+def cache_hit_benchmark(repeats: int = 200, kind: str = "matmul",
+                        quiet: bool = False) -> dict[str, float]:
+    """Latency of a cache hit (Gate 2b load + verify + building the result).
+
+    Generates one kernel into a temporary ``GPUHIVE_HOME``, then times
+    ``repeats`` hits of :meth:`CodeGenerator.generate` and of the bare
+    :meth:`KernelCache.get`. Goal: under 1 ms for a typical kernel (printed,
+    not asserted).
+
+    Returns:
+        ``{"p50_ms", "p90_ms", "mean_ms", "get_p50_ms", "miss_s",
+        "entry_bytes", "repeats"}``.
+    """
+    dims = {"matmul": {"M": 1024, "N": 1024, "K": 1024}}.get(kind, {})
+    with tempfile.TemporaryDirectory(prefix="gh_bench_") as tmp:
+        home = Path(tmp)
+        cache = KernelCache(home / "kernels", home / "keys" / "seal.key")
+        gen = CodeGenerator(cache=cache, measure_resources=False)
+        task = TaskSpec(kind, dims or {"N": 1 << 20}, "fp32")
+        decision = Decision((0,), (1.0,), task.split_size, 256, "single").with_hash(
+            task)
+        t0 = time.perf_counter()
+        first = gen.generate(task, decision)
+        miss = time.perf_counter() - t0
+        full, bare = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            hit = gen.generate(task, decision)
+            full.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            cache.get(first.cache_key)
+            bare.append(time.perf_counter() - t)
+        assert hit.cached
+        size = cache.path(first.cache_key).stat().st_size
+    full.sort()
+    result = {
+        "p50_ms": 1e3 * statistics.median(full),
+        "p90_ms": 1e3 * full[int(0.9 * (len(full) - 1))],
+        "mean_ms": 1e3 * statistics.fmean(full),
+        "get_p50_ms": 1e3 * statistics.median(bare),
+        "miss_s": miss, "entry_bytes": float(size), "repeats": float(repeats),
+    }
+    if not quiet:
+        print(f"cache hit ({kind} fp32, {size} B entry, {repeats} repeats): "
+              f"p50 {result['p50_ms']:.3f} ms, p90 {result['p90_ms']:.3f} ms, "
+              f"bare get p50 {result['get_p50_ms']:.3f} ms (goal < 1 ms); "
+              f"miss {miss:.2f} s")
+    return result

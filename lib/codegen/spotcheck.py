@@ -1,0 +1,263 @@
+"""The numerical spot check: run a kernel source on a small task of its kind and
+compare the result with the NumPy reference of :mod:`lib.workloads`.
+
+A generated kernel is launched exactly as the execution plane would launch the
+task's kernel (the launch conventions of ``kernels/README.md``, the decision's
+block size) on a small task of the same kind and dtype whose sizes are not
+multiples of the block or the tile, so bounds handling is exercised. Where it
+runs is a :data:`Runner`:
+
+* ``"emulated"`` -- :mod:`lib.codegen.emulate`: the source built as host C++
+  and run on the CPU (no GPU needed; what the tests use);
+* ``"cuda"`` -- the hook for a machine with a CUDA device: CuPy compiles the
+  same source with NVRTC and launches it on device 0;
+* ``"auto"`` -- ``"cuda"`` where :func:`lib.execution.cuda.probe` finds a
+  usable device, else ``"emulated"``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import math
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from lib.codegen import emulate
+from lib.codegen.emulate import Buffer, Scalar, f32, i32, i64, read_only, read_write
+from lib.codegen.specialise import entry_name
+from lib.contract import Decision, TaskSpec
+from lib.workloads import Elementwise, verify, workload
+
+RUNNERS = ("auto", "emulated", "cuda")
+
+#: Dimensions of the small task each kind is checked on (none a multiple of 32).
+SPOT_DIMS: dict[str, dict[str, int]] = {
+    "matmul": {"M": 37, "N": 29, "K": 45},
+    "reduce": {"N": 5003},
+    "elementwise": {"N": 3001},
+    "stencil": {"H": 19, "W": 23, "T": 1},
+    "histogram": {"N": 4099},
+}
+
+GRID_1D = 3
+"""Blocks of a 1-D spot launch: few, so grid-stride loops go round."""
+
+SPOT_BUILD = "asan"
+"""Emulated build for spot checks: AddressSanitizer + UBSan, so an access past
+a buffer or a static shared array fails the check instead of passing by luck."""
+
+
+@dataclass(frozen=True)
+class SpotResult:
+    """The outcome of one spot check.
+
+    Attributes:
+        passed: within the workload's tolerance of the NumPy reference.
+        max_abs_error: largest absolute difference (``inf`` on a shape mismatch).
+        runner: ``"emulated"`` or ``"cuda"``.
+        task: the small task, described (``matmul[M=37,N=29,K=45] fp32``).
+        seconds: wall time of build, run and comparison.
+    """
+
+    passed: bool
+    max_abs_error: float
+    runner: str
+    task: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: entry point, grid, block, arguments, and how the writable
+    buffers (in argument order) become the workload's output array."""
+
+    entry: str
+    grid: tuple[int, ...]
+    block: int
+    args: tuple[Scalar | Buffer, ...]
+    finish: Callable[[list[np.ndarray]], np.ndarray]
+
+
+def spot_task(task: TaskSpec) -> TaskSpec:
+    """The small task of ``task``'s kind and dtype a kernel is checked on.
+
+    Histogram keeps the task's bin count (the kernel may be specialised to it).
+    """
+    dims = dict(SPOT_DIMS[task.kind])
+    if task.kind == "histogram":
+        dims["B"] = task.dims["B"]
+    return TaskSpec(task.kind, dims, task.dtype)
+
+
+def _encode(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Host values (bf16 held as rounded float32) as the kernel's element type."""
+    if dtype == "bf16":
+        return emulate.float_to_bf16_bits(x.astype(np.float32))
+    return np.ascontiguousarray(x)
+
+
+def _decode(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bf16":
+        return emulate.bf16_bits_to_float(x)
+    return x
+
+
+def _nan_like(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    host = np.float64 if dtype == "fp64" else np.float32
+    return _encode(np.full(shape, np.nan, dtype=host).astype(
+        np.float16 if dtype == "fp16" else host), dtype)
+
+
+def launch_for(task: TaskSpec, decision: Decision, inputs: dict[str, np.ndarray],
+               tile: int = 16) -> Launch:
+    """The launch of ``task``'s kernel on ``inputs`` with ``decision``'s block.
+
+    Args:
+        tile: ``MATMUL_TILE`` the matmul source was specialised with.
+    """
+    d, block = task.dtype, int(decision.block)
+    entry = entry_name(task.kind, d)
+    if task.kind == "matmul":
+        m, n, k = task.dims.values()
+        grid = (-(-n // tile), -(-m // tile))
+        args = (read_only(_encode(inputs["A"], d)), read_only(_encode(inputs["B"], d)),
+                read_write(_nan_like((m, n), d)), i32(m), i32(n), i32(k))
+        return Launch(entry, grid, block, args, lambda out: _decode(out[0], d))
+    if task.kind == "reduce":
+        n = task.dims["N"]
+        args = (read_only(_encode(inputs["x"], d)),
+                read_write(np.full(GRID_1D, np.nan, dtype=np.float32)), i64(n))
+
+        def finish_sum(out: list[np.ndarray]) -> np.ndarray:
+            # The host adds the per-block partial sums (kernels/README.md).
+            return np.array([math.fsum(out[0].astype(np.float64))], np.float32)
+
+        return Launch(entry, (GRID_1D,), block, args, finish_sum)
+    if task.kind == "elementwise":
+        n = task.dims["N"]
+        args = (f32(Elementwise.A), read_only(_encode(inputs["x"], d)),
+                read_only(_encode(inputs["y"], d)), read_write(_nan_like((n,), d)),
+                i64(n))
+        return Launch(entry, (GRID_1D,), block, args, lambda out: _decode(out[0], d))
+    if task.kind == "stencil":
+        h, w, _ = task.dims.values()
+        args = (read_only(inputs["u"]), read_write(_nan_like((h, w), d)), i32(h),
+                i32(w))
+        return Launch(entry, (GRID_1D,), block, args, lambda out: out[0])
+    if task.kind == "histogram":
+        n, bins = task.dims.values()
+        args = (read_only(inputs["x"]), read_write(np.zeros(bins, np.uint32)),
+                i64(n), i32(bins))
+        return Launch(entry, (GRID_1D,), block, args,
+                      lambda out: out[0].astype(np.int64))
+    raise ValueError(f"no launch for kind {task.kind!r}")
+
+
+# ---- runners ------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _build_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="gh_spot_"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+@lru_cache(maxsize=64)
+def _emulated_binary(source: str) -> Path:
+    """The emulated driver for ``source``, built once per process."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    folder = _build_dir() / digest
+    folder.mkdir(exist_ok=True)
+    path = folder / "kernel.cu"
+    path.write_text(source)
+    return emulate.build_emulated(path, folder, SPOT_BUILD)
+
+
+def run_emulated(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray:
+    """Run ``launch`` of ``source`` through the CPU emulation harness."""
+    binary = _emulated_binary(source)
+    out = emulate.run_emulated(binary, launch.entry, launch.grid, launch.block,
+                               launch.args, timeout_s=timeout_s)
+    return launch.finish(out)
+
+
+def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray:
+    """Run ``launch`` of ``source`` on CUDA device 0 (CuPy + NVRTC).
+
+    The device hook: the same source and launch as :func:`run_emulated`.
+    ``timeout_s`` is not enforced on the device.
+    """
+    import cupy
+
+    from lib.codegen.nvrtc import default_include_dir
+
+    options = ["--std=c++17"]
+    if (inc := default_include_dir()) is not None:
+        options.append(f"-I{inc}")
+    kernel = cupy.RawModule(code=source, options=tuple(options)).get_function(
+        launch.entry)
+    scalars = {"f": np.float32, "d": np.float64, "i": np.int32, "l": np.int64}
+    args, writable = [], []
+    for arg in launch.args:
+        if isinstance(arg, Scalar):
+            args.append(scalars[arg.code](arg.value))
+        else:
+            dev = cupy.asarray(arg.array)
+            args.append(dev)
+            if arg.writable:
+                writable.append(dev)
+    kernel(launch.grid, (launch.block,), tuple(args))
+    cupy.cuda.Device().synchronize()
+    return launch.finish([cupy.asnumpy(a) for a in writable])
+
+
+@lru_cache(maxsize=1)
+def _device_usable() -> bool:
+    from lib.execution.cuda import probe
+
+    return bool(probe().usable)
+
+
+def resolve_runner(runner: str) -> str:
+    """``"emulated"`` or ``"cuda"`` for a :data:`RUNNERS` name."""
+    if runner not in RUNNERS:
+        raise ValueError(f"unknown spot-check runner {runner!r}; expected one of "
+                         f"{', '.join(RUNNERS)}")
+    if runner == "auto":
+        return "cuda" if _device_usable() else "emulated"
+    return runner
+
+
+def spot_check(source: str, task: TaskSpec, decision: Decision,
+               runner: str = "auto", seed: int = 0, tile: int = 16) -> SpotResult:
+    """Run ``source`` on :func:`spot_task` of ``task`` and compare with NumPy.
+
+    Args:
+        tile: the matmul tile the source was asked for (sets the 2-D grid).
+
+    Raises:
+        lib.codegen.emulate.EmulationError: the emulated build or run failed
+            (the kernel does not build as C++, crashes, or hangs).
+    """
+    import time
+
+    start = time.perf_counter()
+    which = resolve_runner(runner)
+    small = spot_task(task)
+    work = workload(small)
+    inputs = work.make_inputs(small, seed)
+    launch = launch_for(small, decision, inputs, tile)
+    run = run_cuda if which == "cuda" else run_emulated
+    out = run(source, launch)
+    ref = work.reference(small, inputs)
+    ok, err = verify(small, np.asarray(out), ref)
+    if not np.all(np.isfinite(np.asarray(out, dtype=np.float64))):
+        ok, err = False, math.inf
+    return SpotResult(ok, err, which, small.describe(), time.perf_counter() - start)
