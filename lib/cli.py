@@ -10,6 +10,7 @@ r"""``gpuhive``: the command line.
     gpuhive codegen --kind matmul --dim M=1024 --dim N=1024 --dim K=1024 --show
     gpuhive scan kernel.cu --kernel my_kernel
     gpuhive security-audit
+    gpuhive evaluate --machine hetero-4 --backend model --budget quick
     gpuhive book --machine hetero-4 --backend model --budget quick
 
 Bad input gets one line on stderr and exit status 2, never a traceback.
@@ -349,6 +350,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if report["all_verified"] else 1
 
 
+# -- evaluate ---------------------------------------------------------------
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lib.evaluation import evaluate
+
+    report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,
+                      policy_path=args.policy, progress=not args.json)
+    if args.markdown:
+        Path(args.markdown).write_text(report.to_markdown())
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        print(report.to_text())
+    return 0
+
+
 # -- bench ------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -491,6 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="write the JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("evaluate", help="Table 4, ablations, transfer and the "
+                                        "targets T1-T7")
+    p.add_argument("--machine", default="hetero-4")
+    p.add_argument("--backend", default="model", choices=BACKENDS)
+    p.add_argument("--budget", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", metavar="FILE", help="a trained policy (.npz); "
+                                                   "default the shipped one")
+    p.add_argument("--markdown", metavar="FILE", help="also write the Markdown "
+                                                     "report here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="benchmarks that print figures "
                                      "(the optimum's search time)")

@@ -1,0 +1,95 @@
+"""The evaluation harness: task set, bounds, Table 4, targets, labels."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lib.contract import KINDS
+from lib.costmodel.optimum import optimum
+from lib.evaluation import (
+    bootstrap_ci,
+    evaluate,
+    geomean,
+    physical_limit,
+    task_set,
+)
+from lib.telemetry import busy
+from lib.workloads import workload
+
+
+def _work(task):
+    w = workload(task).total_work(task)
+    return max(w.flops, w.mem_traffic)
+
+
+@pytest.mark.parametrize("backend", ["model", "cpu"])
+def test_task_set_spans_four_orders_of_magnitude(backend):
+    tasks = task_set(backend, "quick", seed=0)
+    assert {t.kind for t in tasks} == set(KINDS)
+    for kind in KINDS:
+        work = [_work(t) for t in tasks if t.kind == kind]
+        assert max(work) / min(work) >= 1e4, kind
+    assert task_set(backend, "quick", seed=0) == tasks
+    assert task_set(backend, "quick", seed=1) != tasks
+
+
+def test_physical_limit_bounds_the_optimum(hetero4):
+    snap = busy(hetero4, [0.7, 0, 0, 0])
+    for task in task_set("model", "quick"):
+        limit = physical_limit(task, hetero4, snap)
+        assert 0 < limit <= optimum(task, hetero4, snap).total, task.describe()
+
+
+def test_statistics():
+    assert geomean([1, 4]) == pytest.approx(2.0)
+    lo, hi = bootstrap_ci([1.0, 2.0, 4.0, 8.0], seed=0)
+    assert 1.0 <= lo < geomean([1, 2, 4, 8]) < hi <= 8.0
+    assert all(math.isnan(v) for v in bootstrap_ci([2.0]))
+
+
+@pytest.fixture(scope="module")
+def smoke_report():
+    return evaluate("hetero-4", "model", "smoke", seed=0, progress=False)
+
+
+def test_table4_and_labels(smoke_report):
+    r = smoke_report
+    assert not r.measured and r.label == "PREDICTED (model)"
+    names = [t["policy"] for t in r.table4]
+    for baseline in ("equal", "single-best", "proportional-peak",
+                     "proportional-live", "heft", "random", "oracle"):
+        assert baseline in names
+    eq = next(t for t in r.table4 if t["policy"] == "equal")
+    oracle = next(t for t in r.table4 if t["policy"] == "oracle")
+    assert eq["speedup"] == pytest.approx(1.0)
+    assert oracle["ratio_to_optimum"] == pytest.approx(1.0, rel=1e-9)
+    assert oracle["speedup"] >= max(t["speedup"] for t in r.table4) - 1e-9
+    assert all(row.label == "PREDICTED (model)" for row in r.rows if row.accepted)
+
+
+def test_targets_are_one_line_each(smoke_report):
+    lines = [t.line() for t in smoke_report.targets]
+    assert [line.split()[0] for line in lines] == [f"T{i}" for i in range(1, 8)]
+    assert all(line.split()[1] in ("PASS", "FAIL") for line in lines)
+    text = smoke_report.to_text()
+    assert "WARNING" in text and all(line in text for line in lines)
+
+
+def test_json_and_markdown(smoke_report):
+    out = json.loads(json.dumps(smoke_report.to_json(), default=str))
+    for key in ("table4", "ablations", "transfer", "targets", "rows"):
+        assert key in out
+    assert smoke_report.to_markdown().startswith("> **Warning: PREDICTED.**")
+
+
+def test_measured_rows_on_local_cpu():
+    r = evaluate("local-cpu", "cpu", "smoke", seed=0, progress=False)
+    assert r.measured and r.label == "MEASURED (cpu)"
+    labels = {row.label for row in r.rows if row.accepted}
+    assert labels == {"MEASURED (cpu)"}
+    assert not r.to_markdown().startswith("> **Warning")
+    states = {row.state for row in r.rows}
+    assert states == {"idle", "busy"}
