@@ -385,10 +385,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- book -------------------------------------------------------------------
 
 def cmd_book(args: argparse.Namespace) -> int:
-    from lib.bookbuild import build_book
+    from lib.bookbuild import BookError, build_book
 
-    build_book(machine=args.machine, backend=args.backend, budget=args.budget,
-               seed=args.seed, html=not args.no_html)
+    try:
+        build_book(machine=args.machine, backend=args.backend, budget=args.budget,
+                   seed=args.seed, html=not args.no_html)
+    except BookError as exc:
+        print(f"gpuhive: book failed: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
