@@ -10,6 +10,7 @@ r"""``gpuhive``: the command line.
     gpuhive codegen --kind matmul --dim M=1024 --dim N=1024 --dim K=1024 --show
     gpuhive scan kernel.cu --kernel my_kernel
     gpuhive security-audit
+    gpuhive train --machine hetero-4 --budget quick
     gpuhive evaluate --machine hetero-4 --backend model --budget quick
     gpuhive book --machine hetero-4 --backend model --budget quick
 
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lib.baselines import BASELINES, EqualSplit, get_policy
+from lib.baselines import BASELINES, EqualSplit
+from lib.baselines import get_policy as get_baseline
 from lib.contract import KIND_DIMS, KINDS, ContractError, Decision, TaskSpec
 from lib.execution import BACKENDS, BackendUnavailable, ExecutionError
 from lib.machines import MachineError, list_machines, load_machine
@@ -36,6 +38,16 @@ from lib.security import check_decision
 
 class UsageError(ValueError):
     """Bad command-line input (exit status 2)."""
+
+
+def get_policy(name: str):
+    """``rl`` (the shipped learned policy, or proportional-to-peak where no
+    policy file ships) or a baseline by name."""
+    if name == "rl":
+        from lib.runtime import default_policy
+
+        return default_policy()
+    return get_baseline(name)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,10 +186,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
         summary += (f"  (equal split: {fmt_seconds(ref.total)}, "
                     f"{ref.total / pred.total:.2f}x)")
     lines.append(summary)
+    from lib.costmodel.optimum import optimum
+
+    best = optimum(task, agent.machine, params=params)
+    lines.append(f"exhaustive optimum: {fmt_seconds(best.total)} "
+                 f"({best.decision.describe()}); this decision takes "
+                 f"{pred.total / best.total:.2f}x of it")
     _emit(args, {"task": task.to_json(), "machine": agent.machine.name,
                  "policy": agent.policy.name, "decision": decision.to_json(),
                  "prediction": pred.to_json(),
-                 "equal_split_seconds": ref.total if ref else None},
+                 "equal_split_seconds": ref.total if ref else None,
+                 "optimum_seconds": best.total,
+                 "optimum_decision": best.decision.to_json()},
           "\n".join(lines))
     return 0
 
@@ -350,6 +370,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if report["all_verified"] else 1
 
 
+# -- train ------------------------------------------------------------------
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lib.agent.pipeline import TrainConfig, train
+
+    config = TrainConfig(machine=args.machine, budget=args.budget, seed=args.seed,
+                         learner=args.learner, features=args.features,
+                         use_mask=not args.no_mask,
+                         curriculum=not args.no_curriculum)
+    out = Path(args.out or f"_build/train/{args.machine}-{args.budget}-{args.seed}")
+    result = train(config, out, progress=not args.json, resume=not args.fresh)
+    if args.json:
+        print(json.dumps(result.summary(), indent=2, default=str))
+    return 0
+
+
 # -- evaluate ---------------------------------------------------------------
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -407,7 +443,8 @@ def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", metavar="FILE", help="task JSON instead of --kind/--dim")
     p.add_argument("--machine", default="hetero-4",
                    help="machine profile (gpuhive doctor lists them)")
-    p.add_argument("--policy", default="proportional-peak", choices=tuple(BASELINES))
+    p.add_argument("--policy", default="rl", choices=("rl", *BASELINES),
+                   help="rl: the shipped learned policy (default); or a baseline")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -512,6 +549,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="write the JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("train", help="the three-stage training pipeline "
+                                     "(cost model, noisy calibrated model, "
+                                     "measured runs)")
+    p.add_argument("--machine", default="hetero-4")
+    p.add_argument("--budget", default="quick", choices=("smoke", "quick", "full"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--learner", default="ppo", choices=("ppo", "td3"))
+    p.add_argument("--features", default="all",
+                   choices=("all", "no-telemetry", "no-topology"))
+    p.add_argument("--no-mask", action="store_true",
+                   help="ablation: act without the action mask")
+    p.add_argument("--no-curriculum", action="store_true",
+                   help="ablation: train on the target machine only")
+    p.add_argument("--out", metavar="DIR", help="checkpoints, curves and the "
+                   "policy (default _build/train/<machine>-<budget>-<seed>)")
+    p.add_argument("--fresh", action="store_true",
+                   help="ignore checkpoints and start over")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="Table 4, ablations, transfer and the "
                                         "targets T1-T7")

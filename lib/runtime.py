@@ -26,6 +26,16 @@ from lib.security import Verdict, check_decision
 from lib.telemetry import Snapshot
 
 
+def default_policy() -> Policy:
+    """The shipped learned policy, or proportional-to-peak without one."""
+    from lib.agent.policy import PolicyFormatError, load_policy
+
+    try:
+        return load_policy()
+    except PolicyFormatError:
+        return ProportionalToPeak()
+
+
 class DecisionRejected(ValueError):
     """Gate 1 refused a decision; ``verdict`` lists every violated check."""
 
@@ -39,7 +49,9 @@ class Agent:
 
     Args:
         policy: anything with ``decide(task, machine, telemetry) -> Decision``;
-            default proportional-to-peak until a trained policy ships.
+            default the shipped learned policy (trained for ``hetero-4``; see
+            :func:`lib.agent.policy.load_policy`), or proportional-to-peak where
+            no policy file ships.
         machine: a profile name or a :class:`~lib.machines.Machine`.
         backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
         telemetry: live state handed to the policy and to Gate 1.
@@ -50,7 +62,7 @@ class Agent:
                  machine: str | Machine = "hetero-4",
                  backend: str | Backend = "model",
                  telemetry: Snapshot | None = None, **backend_options: Any):
-        self.policy = policy or ProportionalToPeak()
+        self.policy = policy or default_policy()
         self.machine = load_machine(machine)
         self.telemetry = telemetry
         self._backend_spec = backend

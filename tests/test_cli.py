@@ -19,19 +19,29 @@ def test_explain_gives_the_t4_less_than_the_h100():
                 "--dim", "K=8192", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
+    assert out["policy"] == "rl-ppo"
     shares = dict(zip(out["decision"]["gpus"], out["decision"]["shares"],
                       strict=True))
-    assert shares[3] < shares[0]
+    assert shares.get(3, 0.0) < shares[0]
     assert out["prediction"]["label"] == "PREDICTED"
-    assert len(out["prediction"]["devices"]) == 4
+    assert len(out["prediction"]["devices"]) == len(out["decision"]["gpus"])
+
+
+def test_explain_with_proportional_to_peak_splits_over_all_four():
+    p = gpuhive("explain", "--kind", "matmul", "--dim", "M=8192", "--dim", "N=8192",
+                "--dim", "K=8192", "--policy", "proportional-peak", "--json")
+    out = json.loads(p.stdout)
+    shares = dict(zip(out["decision"]["gpus"], out["decision"]["shares"],
+                      strict=True))
+    assert set(shares) == {0, 1, 2, 3} and shares[3] < shares[0]
 
 
 def test_explain_text_prints_the_breakdown():
     p = gpuhive("explain", "--kind", "matmul", "--dim", "M=8192", "--dim", "N=8192",
                 "--dim", "K=8192")
     assert p.returncode == 0
-    assert "PREDICTED breakdown" in p.stdout and "3:T4" in p.stdout
-    assert "PREDICTED total" in p.stdout
+    assert "PREDICTED breakdown" in p.stdout and "0:H100 SXM" in p.stdout
+    assert "PREDICTED total" in p.stdout and "exhaustive optimum" in p.stdout
 
 
 def test_run_on_local_cpu_measures_and_verifies():

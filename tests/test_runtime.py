@@ -11,13 +11,20 @@ from lib.runtime import Agent, DecisionRejected
 TASK = TaskSpec("matmul", {"M": 2048, "N": 2048, "K": 2048})
 
 
-def test_default_agent_is_proportional_on_hetero4():
+def test_default_agent_uses_the_shipped_policy_on_hetero4():
     agent = Agent()
     d = agent.optimize(TASK)
-    assert agent.policy.name == "proportional-peak"
+    assert agent.policy.name == "rl-ppo"
     assert len(d.config_hash) == 64 and agent.validate(TASK, d).accepted
     r = agent.execute(TASK, d)
     assert r.metrics.label == "PREDICTED (model)"
+
+
+def test_without_a_policy_file_the_default_is_proportional(monkeypatch, tmp_path):
+    import lib.agent.policy as policy
+
+    monkeypatch.setattr(policy, "DEFAULT_POLICY", tmp_path / "missing.npz")
+    assert Agent().policy.name == "proportional-peak"
 
 
 def test_execute_refuses_a_tampered_decision():

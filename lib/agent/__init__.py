@@ -30,6 +30,10 @@ Modules:
   over perturbations of a base decision, for online adaptation.
 - :mod:`lib.agent.toy` -- a one-step problem with a known optimum.
 - :mod:`lib.agent.bench` -- timing of PPO updates and of acting.
+- :mod:`lib.agent.policy` -- :class:`LearnedPolicy` (a learner behind
+  ``decide``), :func:`load_policy` (the shipped ``lib/policies/hetero-4.npz``).
+- :mod:`lib.agent.pipeline` -- :func:`train` (three stages, checkpoints,
+  curves, held-out evaluation), :func:`fine_tune`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from lib.agent.bandit import BanditConfig, ShareBandit, log_speedup
+from lib.agent.policy import LearnedPolicy, load_policy
 from lib.agent.ppo import PolicyFormatError, PPOAgent, PPOConfig, gae
 from lib.agent.td3 import TD3Agent, TD3Config
 
@@ -54,6 +59,7 @@ class Learner(Protocol):
 
 
 __all__ = [
-    "BanditConfig", "Learner", "PPOAgent", "PPOConfig", "PolicyFormatError",
-    "ShareBandit", "TD3Agent", "TD3Config", "gae", "log_speedup",
+    "BanditConfig", "LearnedPolicy", "Learner", "PPOAgent", "PPOConfig",
+    "PolicyFormatError", "ShareBandit", "TD3Agent", "TD3Config", "gae",
+    "load_policy", "log_speedup",
 ]
