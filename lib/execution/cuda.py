@@ -255,10 +255,15 @@ class CudaBackend:
         self.nccl_ok = found.nccl
         self.source_provider = source_provider or default_source_provider
         self._modules: dict[tuple[int, str, str], Any] = {}
+        self._comms: dict[tuple[int, ...], list[Any]] = {}
 
     def close(self) -> None:
-        """Free cached modules and the memory pools."""
+        """Free cached modules, NCCL communicators and the memory pools."""
         self._modules.clear()
+        for comms in self._comms.values():
+            for comm in comms:
+                comm.destroy()
+        self._comms.clear()
         self.cp.get_default_memory_pool().free_all_blocks()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
@@ -492,11 +497,13 @@ class CudaBackend:
         """NCCL ring all-reduce of the partials in place; the first device's copy
         comes back to the host."""
         cp = self.cp
-        from cupy.cuda import nccl
-
+        nccl = cp.cuda.nccl
         kinds = {np.dtype(np.float64): nccl.NCCL_FLOAT64,
                  np.dtype(np.int64): nccl.NCCL_INT64}
-        comms = nccl.NcclCommunicator.initAll(ordinals)
+        key = tuple(ordinals)
+        if key not in self._comms:  # communicators are made once per device set
+            self._comms[key] = nccl.NcclCommunicator.initAll(list(ordinals))
+        comms = self._comms[key]
         nccl.groupStart()
         for comm, arr, o in zip(comms, partials, ordinals, strict=True):
             with cp.cuda.Device(o):
@@ -550,7 +557,7 @@ def _to_host(cp, dev, stream) -> np.ndarray:
     synchronises)."""
     pinned = cp.cuda.alloc_pinned_memory(max(1, dev.nbytes))
     out = np.frombuffer(pinned, dev.dtype, dev.size).reshape(dev.shape)
-    dev.get(stream=stream, out=out)
+    dev.get(stream=stream, out=out, blocking=False)
     return out
 
 
