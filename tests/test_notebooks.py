@@ -54,6 +54,10 @@ def test_notebook_smoke_run(book_env, nb):
         assert values["optimum_never_slower"]
         assert values["optimum_geomean_speedup_over_equal"] > 1.25
         assert 0 <= values["median_ape"] and -1 <= values["spearman"] <= 1
+    if nb.stem == "m09-evaluation":
+        assert set(values["targets"]) == {f"T{i}" for i in range(1, 8)}
+        assert values["label"] == "PREDICTED (model)"
+        assert abs(values["table4"]["oracle"]["ratio_to_optimum"] - 1.0) < 1e-9
     if nb.stem == "m08-execution":
         assert values["run_verified"] and values["cpu_verified"]
         assert values["run_label"] == "PREDICTED (model)"
