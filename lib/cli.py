@@ -99,7 +99,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 # -- doctor -----------------------------------------------------------------
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from lib.execution.cuda import probe
+    from lib.cudastack import probe
 
     cuda = probe()
     nvml_reason = ""

@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:
         return
-    from lib.execution.cuda import probe
+    from lib.cudastack import probe
 
     found = probe()
     if found.usable:

@@ -11,7 +11,7 @@ runs is a :data:`Runner`:
   and run on the CPU (no GPU needed; what the tests use);
 * ``"cuda"`` -- the hook for a machine with a CUDA device: CuPy compiles the
   same source with NVRTC and launches it on device 0;
-* ``"auto"`` -- ``"cuda"`` where :func:`lib.execution.cuda.probe` finds a
+* ``"auto"`` -- ``"cuda"`` where :func:`lib.cudastack.probe` finds a
   usable device, else ``"emulated"``.
 """
 
@@ -220,7 +220,7 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray
 
 @lru_cache(maxsize=1)
 def _device_usable() -> bool:
-    from lib.execution.cuda import probe
+    from lib.cudastack import probe
 
     return bool(probe().usable)
 
