@@ -72,18 +72,20 @@ LEARNED = "rl-ppo"
 def task_set(backend: str, budget: str, seed: int = 0) -> list[TaskSpec]:
     """The evaluation tasks: every kind on a geometric ladder of sizes.
 
-    The ladder scales the divisible dimension from the small to the large end
-    (``smoke`` 2 rungs, ``quick`` 4, ``full`` 6); a seeded jitter of a few
-    percent keeps sizes off round numbers, the same for the same seed.
+    The ladder scales the dimensions from the small to the large end
+    (``smoke`` 2 rungs over the lower half of the range in log scale, ``quick``
+    4 over all of it, ``full`` 6); a seeded jitter of a few percent keeps sizes
+    off round numbers, the same for the same seed.
     """
     rungs = pick(budget, smoke=2, quick=4, full=6)
+    reach = pick(budget, smoke=0.5, quick=1.0, full=1.0)  # smoke: the lower half
     ladders = SIZES_MODEL if backend == "model" else SIZES_MEASURED
     rng = np.random.default_rng((seed, 0xE7A1))
     tasks = []
     for kind in KINDS:
         small, large = ladders[kind]
         for r in range(rungs):
-            f = r / max(1, rungs - 1)
+            f = reach * r / max(1, rungs - 1)
             dims = {}
             for name in small:
                 lo, hi = small[name], large[name]

@@ -18,8 +18,10 @@ from lib.contract import (
     ContractError,
     Decision,
     TaskSpec,
+    canonical_json,
     config_hash,
     encode_state,
+    encode_task,
 )
 from lib.telemetry import busy
 
@@ -189,3 +191,64 @@ def test_state_encoding_reads_telemetry(hetero4):
     assert x[names.index("dev1.util")] == pytest.approx(0.5)
     assert x[names.index("dev3.healthy")] == 0.0
     assert x[names.index("dev0.healthy")] == 1.0
+
+
+# --------------------------------------------------------------------------
+# The hash's text, written out directly, against the documented json.dumps
+
+def _documented_json(task: TaskSpec, decision: Decision) -> str:
+    return json.dumps({"task": task.to_json(),
+                       "decision": decision.to_json(include_hash=False)},
+                      sort_keys=True, separators=(",", ":"))
+
+
+_TASKS = st.one_of(
+    st.builds(lambda m, n, k, d: TaskSpec("matmul", {"M": m, "N": n, "K": k}, d),
+              st.integers(1, 2**31 - 1), st.integers(1, 2**20), st.integers(1, 2**20),
+              st.sampled_from(["fp16", "bf16", "fp32", "fp64"])),
+    st.builds(lambda kind, n: TaskSpec(kind, {"N": n}),
+              st.sampled_from(["reduce", "elementwise"]), st.integers(1, 2**31 - 1)),
+    st.builds(lambda h, w, t: TaskSpec("stencil", {"H": h, "W": w, "T": t}),
+              st.integers(3, 2**16), st.integers(3, 2**16), st.integers(1, 1024)),
+    st.builds(lambda n, b: TaskSpec("histogram", {"N": n, "B": b}),
+              st.integers(1, 2**31), st.integers(1, 4096)),
+)
+_SHARES = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.integers(-2**70, 2**70),
+                    st.floats(0, 1).map(np.float64), st.floats(0, 1).map(np.float32))
+_INTS = st.one_of(st.integers(-2**70, 2**70), st.booleans(),
+                  st.integers(0, 64).map(np.int64))
+_WORDS = st.one_of(st.sampled_from(["single", "split", "pipelined", "host", "p2p",
+                                    "nccl", "matmul", "M"]), st.text(max_size=8))
+
+
+@given(_TASKS, st.lists(_INTS, max_size=9), st.lists(_SHARES, max_size=9), _INTS,
+       _INTS, _WORDS, _WORDS)
+def test_canonical_json_is_the_documented_json_dumps(task, gpus, shares, chunk,
+                                                     block, mode, path):
+    decision = Decision(gpus=tuple(gpus), shares=tuple(shares), chunk=chunk,
+                        block=block, mode=mode, comm_path=path)
+    expected = _documented_json(task, decision)
+    assert canonical_json(task, decision) == expected
+    assert canonical_json(task, decision) == expected  # the task's text cached
+    assert config_hash(task, decision) == hashlib.sha256(
+        expected.encode()).hexdigest()
+
+
+def test_canonical_json_follows_a_task_changed_in_place():
+    task = TaskSpec.from_json(TASK_JSON)
+    decision = Decision.from_json(DECISION_JSON)
+    before = canonical_json(task, decision)
+    task.dims["K"] = 1024  # frozen by contract; the cache must not hide it
+    assert canonical_json(task, decision) == _documented_json(task, decision)
+    assert canonical_json(task, decision) != before
+    task.dims["K"] = 1024.0
+    assert canonical_json(task, decision) == _documented_json(task, decision)
+
+
+def test_task_features_are_the_state_head(hetero4):
+    task = TaskSpec("stencil", {"H": 4096, "W": 1000, "T": 7}, "fp16")
+    head = np.zeros(TASK_FEATURES, dtype=np.float32)
+    encode_task(task, head)
+    assert head.any()
+    assert np.array_equal(head, encode_state(task, hetero4)[:TASK_FEATURES])

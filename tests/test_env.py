@@ -32,7 +32,12 @@ from lib.env import (
     sample_task,
     unflatten_observation,
 )
-from lib.env.spaces import SINGLE, project_shares
+from lib.env.spaces import (
+    SINGLE,
+    decision_from_weights_row,
+    project_share_row,
+    project_shares,
+)
 from lib.execution import BackendUnavailable, ModelBackend
 from lib.security import check_decision
 from lib.workloads import workload
@@ -219,6 +224,51 @@ def test_projection_is_non_negative_finite_and_masked(shares, usable, mode):
     assert np.all(w[~np.array(usable)] == 0)
     if mode == SINGLE:
         assert np.count_nonzero(w) <= 1
+
+
+_SHARE = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                   st.floats(0, 1e-6), st.just(0.0), st.just(-0.0),
+                   st.floats(1e-300, 1e300))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SHARE, min_size=8, max_size=8),
+       st.lists(st.sampled_from([0, 1, 2, -1]), min_size=8, max_size=8),
+       st.integers(0, 2), st.sampled_from([0.0, 1e-3, 1e-2, 0.125, 0.5, 1.0]))
+def test_one_row_projection_is_the_batch_projection_bit_for_bit(shares, usable,
+                                                                 mode, min_share):
+    batch = project_shares(np.array([shares]), np.array([usable]),
+                           np.array([mode]), min_share)[0]
+    row = project_share_row(shares, usable, mode, min_share)
+    assert np.array_equal(np.array(row), batch)
+
+
+def test_one_row_projection_keeps_the_boundary_where_the_batch_does():
+    # weights whose share sits on min_share: the sum's rounding decides
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        shares = rng.random(8) * 10.0 ** rng.integers(-8, 8, 8)
+        shares[rng.random(8) < 0.3] = 0.0
+        total = float(project_shares(shares[None], np.ones((1, 8)), np.array([1]),
+                                     0.0)[0].sum())
+        min_share = float(shares[int(rng.integers(8))]) / total
+        batch = project_shares(shares[None], np.ones((1, 8)), np.array([1]),
+                               min_share)[0]
+        row = project_share_row(shares, [1] * 8, 1, min_share)
+        assert row == batch.tolist()
+
+
+def test_unhashed_row_decision_is_the_hashed_one_without_the_hash():
+    rng = np.random.default_rng(5)
+    task = TaskSpec("reduce", {"N": 10_000_019})
+    for _ in range(300):
+        w = rng.random(8) * (rng.random(8) < 0.6)
+        args = (w, int(rng.integers(-1, 6)), int(rng.integers(-1, 4)),
+                int(rng.integers(-1, 4)), int(rng.integers(-1, 7)))
+        hashed = decision_from_weights_row(task, *args)
+        plain = decision_from_weights_row(task, *args, hashed=False)
+        assert plain.config_hash == "" and plain.with_hash(task) == hashed
+        assert decision_from_weights_row(task, w.tolist(), *args[1:]) == hashed
 
 
 # --------------------------------------------------------------------------

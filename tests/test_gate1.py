@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib.contract import Decision, TaskSpec
 from lib.security import check_decision
-from lib.telemetry import busy
+from lib.telemetry import Snapshot, busy
+from lib.workloads import split_rows, workload
 
 TASK = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
 
@@ -94,3 +95,72 @@ json_like = st.recursive(
 def test_never_raises_and_never_accepts_garbage(hetero4, value):
     v = check_decision(value, TASK, hetero4)
     assert not v.accepted  # nothing random carries a valid hash
+
+
+# --------------------------------------------------------------------------
+# The fast paths: a Decision object, the whole-task memory bound
+
+_TASKS = st.one_of(
+    st.builds(lambda m, n, k: TaskSpec("matmul", {"M": m, "N": n, "K": k}),
+              st.integers(1, 2**17), st.integers(1, 2**15), st.integers(1, 2**15)),
+    st.builds(lambda kind, n: TaskSpec(kind, {"N": n}),
+              st.sampled_from(["reduce", "elementwise"]), st.integers(1, 2**31 - 1)),
+    st.builds(lambda h, w, t: TaskSpec("stencil", {"H": h, "W": w, "T": t}),
+              st.integers(3, 2**17), st.integers(3, 2**15), st.integers(1, 1024)),
+    st.builds(lambda n, b: TaskSpec("histogram", {"N": n, "B": b}),
+              st.integers(1, 2**31 - 1), st.integers(1, 4096)),
+)
+
+
+@given(_TASKS, st.floats(0, 1))
+def test_no_shard_needs_more_memory_than_the_whole_task(task, frac):
+    # Gate 1 skips the per-shard memory check when the whole task fits
+    w = workload(task)
+    rows = int(frac * task.split_size)
+    assert w.work(task, rows).footprint <= w.work(task, task.split_size).footprint
+
+
+def _memory_violations(task, decision, machine, telemetry):
+    """Gate 1's memory check, shard by shard, as the contract states it."""
+    out = []
+    if sum(decision.shares) <= 0:
+        return out
+    rows = split_rows(task.split_size, decision.shares)
+    for g, (lo, hi) in zip(decision.gpus, rows, strict=True):
+        free = telemetry.free_bytes[g] if telemetry else machine.devices[g].mem_bytes
+        out.append(workload(task).work(task, hi - lo).footprint > free * 0.9)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TASKS, st.lists(st.integers(0, 4), min_size=1, max_size=5),
+       st.lists(st.floats(0, 1), min_size=5, max_size=5),
+       st.sampled_from(["single", "split", "pipelined"]),
+       st.sampled_from(["host", "p2p", "nccl"]), st.integers(1, 2**20),
+       st.sampled_from([64, 100, 256, 1024, 2048]),
+       st.lists(st.floats(0, 1), min_size=4, max_size=4), st.booleans(),
+       st.booleans())
+def test_a_decision_object_gets_the_verdict_of_its_json(
+        hetero4, task, gpus, raw, mode, path, chunk, block, free, tampered,
+        with_telemetry):
+    shares = [raw[i] + 0.01 for i in range(len(gpus))]
+    shares = [s / sum(shares) for s in shares]
+    shares[-1] = 1.0 - sum(shares[:-1])
+    decision = Decision(gpus=tuple(gpus), shares=tuple(shares), chunk=chunk,
+                        block=block, mode=mode, comm_path=path).with_hash(task)
+    if tampered:
+        decision = Decision(**{**decision.__dict__, "chunk": chunk + 1})
+    telemetry = None
+    if with_telemetry:
+        telemetry = busy(hetero4, [0.0] * 4)
+        telemetry = Snapshot(**{**telemetry.__dict__, "free_bytes": tuple(
+            f * d.mem_bytes for f, d in zip(free, hetero4.devices, strict=True))})
+    verdict = check_decision(decision, task, hetero4, telemetry)
+    as_json = check_decision(decision.to_json(), task, hetero4, telemetry)
+    assert verdict.violations == as_json.violations
+    distinct = len(set(gpus)) == len(gpus)  # else the hash is not checked
+    assert ("integrity.hash_mismatch" in verdict.checks) == (tampered and distinct)
+    if all(g < hetero4.n for g in gpus) and distinct:
+        expected = sum(_memory_violations(task, decision, hetero4, telemetry))
+        found = sum(v.check == "feasibility.memory" for v in verdict.violations)
+        assert found == expected

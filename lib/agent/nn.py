@@ -236,6 +236,35 @@ class MLP:
         """Forward pass without caches."""
         return self.forward(x, params)[0]
 
+    def scratch(self) -> list[np.ndarray]:
+        """Output buffers for :meth:`forward_one`, one per layer."""
+        return [np.empty(size) for size in self.sizes[1:]]
+
+    def forward_one(self, x: np.ndarray,
+                    scratch: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """Outputs ``(sizes[-1],)`` for one input ``(sizes[0],)`` float64.
+
+        Each layer is ``h @ W + b`` on the 1-D ``h`` (then the activation), for
+        a decision at a time: no batch axis and no caches, and with ``scratch``
+        (from :meth:`scratch`) no allocations, so the result is the last
+        scratch buffer and the next call overwrites it.
+        """
+        p = self.params
+        bufs = self.scratch() if scratch is None else scratch
+        h = x
+        last = self.n_layers - 1
+        for i in range(self.n_layers):
+            out = bufs[i]
+            np.dot(h, p[f"W{i}"], out=out)
+            np.add(out, p[f"b{i}"], out=out)
+            if i < last:
+                if self.activation == "tanh":
+                    np.tanh(out, out=out)
+                else:
+                    np.maximum(out, 0.0, out=out)
+            h = out
+        return h
+
 
 # --------------------------------------------------------------------------
 # Parameter dicts

@@ -12,7 +12,7 @@ answers, so the runtime drives it like any other policy. One decision:
    and the most probable option of each head, by a single-observation forward
    pass that skips the critic and the log-probabilities);
 3. the action turned into a :class:`~lib.contract.Decision` the way the
-   environment does (:func:`lib.env.spaces.project_shares`, then
+   environment does (:func:`lib.env.spaces.project_share_row`, then
    :func:`lib.env.spaces.decision_from_weights_row`).
 
 The decision is returned unhashed: the runtime hashes it and runs Gate 1.
@@ -35,8 +35,8 @@ another state layout or action vocabulary with a one-line message.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,11 @@ from lib.contract import (
     STATE_DIM,
     STATE_FIELDS,
     STATE_VERSION,
+    TASK_FEATURES,
     Decision,
     TaskSpec,
     encode_state,
+    encode_task,
 )
 from lib.env.spaces import (
     BLOCKS,
@@ -61,7 +63,7 @@ from lib.env.spaces import (
     OBS_KEYS,
     decision_from_weights_row,
     masks,
-    project_shares,
+    project_share_row,
 )
 from lib.machines import Machine
 from lib.telemetry import Snapshot
@@ -174,6 +176,14 @@ class LearnedPolicy:
         self._x = np.zeros(OBS_DIM)
         self._ones = np.ones(OBS_DIM - STATE_DIM)
         self._slices = getattr(learner, "_slices", None)
+        self._task = np.zeros(TASK_FEATURES, dtype=np.float32)
+        self._h = np.empty(OBS_DIM)
+        self._scratch: list[np.ndarray] = []
+        self._scratch_for: Any = None
+        #: What the machine and telemetry contribute to an observation, keyed
+        #: by (dtype, merge), valid for the objects in ``_context_of``.
+        self._context_of: tuple[Any, ...] = ()
+        self._context: dict[tuple[str, str], _Context] = {}
 
     @property
     def features(self) -> str:
@@ -183,73 +193,100 @@ class LearnedPolicy:
     def use_mask(self) -> bool:
         return self.encoder.use_mask
 
+    def _context_for(self, task: TaskSpec, machine: Machine,
+                     telemetry: Snapshot | None) -> _Context:
+        """The task-independent part of the observation for ``task``'s dtype
+        and merge on ``machine`` under ``telemetry``.
+
+        Machines and snapshots are frozen, so the cache holds the objects
+        themselves and compares identity: another machine, another snapshot or
+        another encoder starts a fresh cache. A miss computes everything with
+        :func:`encode_state` and :func:`masks`, so a hit gives the same bits.
+        """
+        key = (machine, telemetry, self.encoder)
+        if len(self._context_of) != 3 or any(
+                a is not b for a, b in zip(key, self._context_of, strict=True)):
+            self._context_of, self._context = key, {}
+        ctx = self._context.get((task.dtype, task.merge))
+        if ctx is None:
+            ctx = _Context(task, machine, telemetry, self.encoder)
+            if len(self._context) < 64:
+                self._context[task.dtype, task.merge] = ctx
+        return ctx
+
     def observe(self, task: TaskSpec, machine: Machine,
                 telemetry: Snapshot | None = None
                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The flat observation ``(OBS_DIM,)`` (a view into a reused buffer)
-        and the environment's masks for ``task`` on ``machine``."""
-        m = masks(task, machine, telemetry)
-        x = self._x
-        np.multiply(encode_state(task, machine, telemetry), self.encoder.keep,
-                    out=x[:STATE_DIM])
-        if self.encoder.use_mask:
-            o = STATE_DIM
-            for key in OBS_KEYS[1:]:
-                x[o:o + m[key].size] = m[key]
-                o += m[key].size
-        else:
-            x[STATE_DIM:] = self._ones
-        return x, m
+        and the environment's masks for ``task`` on ``machine`` (read-only
+        arrays, shared between calls)."""
+        x, ctx = self._observe(task, machine, telemetry)
+        return x, ctx.masks
 
-    def _ppo_act(self, x: np.ndarray, m: Mapping[str, np.ndarray]
-                 ) -> tuple[np.ndarray, list[int]]:
+    def _observe(self, task: TaskSpec, machine: Machine,
+                 telemetry: Snapshot | None) -> tuple[np.ndarray, _Context]:
+        ctx = self._context_for(task, machine, telemetry)
+        t = self._task
+        t.fill(0.0)
+        encode_task(task, t)
+        x = self._x
+        np.multiply(t, ctx.keep_task, out=x[:TASK_FEATURES])
+        x[TASK_FEATURES:] = ctx.rest
+        return x, ctx
+
+    def _ppo_act(self, x: np.ndarray, ctx: _Context
+                 ) -> tuple[list[float], list[int]]:
         """Deterministic PPO action for one observation: actor only, no copies
-        of the weights, no distribution objects."""
+        of the weights, no distribution objects, no allocations but the small
+        lists returned."""
         agent: PPOAgent = self.learner
         h = x
         if agent.config.normalize_obs:
             rms = agent.obs_rms
-            h = np.clip((x - rms.mean) / np.sqrt(rms.var + rms.eps),
-                        -rms.clip, rms.clip)
-        p = agent.actor.params
-        last = agent.actor.n_layers - 1
-        act = np.tanh if agent.actor.activation == "tanh" \
-            else (lambda v: np.maximum(v, 0.0))
-        for i in range(last):
-            h = act(h @ p[f"W{i}"] + p[f"b{i}"])
-        out = h @ p[f"W{last}"] + p[f"b{last}"]
-        alpha = concentration_forward(out[self._slices[0]], agent.config.alpha_min)
-        use = self.encoder.use_mask
-        shares = np.where(m["device_mask"] != 0, alpha, 0.0) if use else alpha
-        choices = []
-        for s, key in zip(self._slices[1:], HEAD_MASKS, strict=True):
-            logits = out[s]
-            if use and key is not None:
-                logits = np.where(m[key] != 0, logits, -np.inf)
-            choices.append(int(np.argmax(logits)))
-        return shares, choices
+            h = self._h
+            # np.clip((x - mean) / sqrt(var + eps), -clip, clip), in place
+            np.subtract(x, rms.mean, out=h)
+            np.divide(h, np.sqrt(rms.var + rms.eps), out=h)
+            np.maximum(h, -rms.clip, out=h)
+            np.minimum(h, rms.clip, out=h)
+        actor = agent.actor
+        if self._scratch_for is not actor:
+            self._scratch_for, self._scratch = actor, actor.scratch()
+        out = actor.forward_one(h, self._scratch)
+        alpha = concentration_forward(out[self._slices[0]],
+                                      agent.config.alpha_min).tolist()
+        values = out.tolist()
+        if ctx.usable is not None:
+            alpha = [a if u else 0.0 for a, u in zip(alpha, ctx.usable, strict=True)]
+        choices = [_argmax(values[s], allowed)
+                   for s, allowed in zip(self._slices[1:], ctx.allowed, strict=True)]
+        return alpha, choices
 
     def act(self, task: TaskSpec, machine: Machine,
             telemetry: Snapshot | None = None
             ) -> tuple[np.ndarray, list[int], dict[str, np.ndarray]]:
         """Raw deterministic action: shares ``(8,)``, choices per head, masks."""
-        x, m = self.observe(task, machine, telemetry)
+        shares, choices, ctx = self._act(task, machine, telemetry)
+        return np.asarray(shares, dtype=np.float64), choices, ctx.masks
+
+    def _act(self, task: TaskSpec, machine: Machine, telemetry: Snapshot | None
+             ) -> tuple[list[float], list[int], _Context]:
+        x, ctx = self._observe(task, machine, telemetry)
         if isinstance(self.learner, PPOAgent):
-            shares, choices = self._ppo_act(x, m)
-        else:
-            dmask, cmasks = self.encoder.masks(m)
-            shares, choices = self.learner.propose(x.copy(), dmask, cmasks)
-        return np.asarray(shares, dtype=np.float64), list(choices), m
+            shares, choices = self._ppo_act(x, ctx)
+            return shares, choices, ctx
+        dmask, cmasks = self.encoder.masks(ctx.masks)
+        shares, choices = self.learner.propose(x.copy(), dmask, cmasks)
+        shares = np.asarray(shares, dtype=np.float64).tolist()
+        return shares, [int(c) for c in choices], ctx
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
         """The policy's decision for ``task`` (not hashed, not yet gated)."""
-        shares, ch, m = self.act(task, machine, telemetry)
-        weights = project_shares(shares[None], m["device_mask"][None],
-                                 np.array([ch[1]]), self.min_share)
-        decision = decision_from_weights_row(task, weights[0], ch[0], ch[1], ch[2],
-                                             ch[3])
-        return replace(decision, config_hash="")
+        shares, ch, ctx = self._act(task, machine, telemetry)
+        weights = project_share_row(shares, ctx.device, ch[1], self.min_share)
+        return decision_from_weights_row(task, weights, ch[0], ch[1], ch[2], ch[3],
+                                         hashed=False)
 
     def save(self, path: str | Path, summary: Mapping[str, Any] | None = None
              ) -> Path:
@@ -264,6 +301,57 @@ class LearnedPolicy:
                   "summary": json.loads(json.dumps(dict(summary or {}),
                                                    default=float))}
         return self.learner.save(path, header)
+
+
+def _argmax(values: Sequence[float], allowed: Sequence[Any] | None) -> int:
+    """``np.argmax`` of ``values`` with disallowed entries at ``-inf`` (the
+    first maximum; a NaN wins as in numpy), on a handful of floats."""
+    best, at = -math.inf, 0
+    for i, v in enumerate(values):
+        if allowed is not None and not allowed[i]:
+            continue
+        if v != v:
+            return i
+        if v > best:
+            best, at = v, i
+    return at
+
+
+class _Context:
+    """What a machine under one telemetry snapshot contributes to an
+    observation of a task with a given dtype and merge.
+
+    Attributes:
+        keep_task: ``(TASK_FEATURES,)`` the feature mask of the task entries.
+        rest: the state past the task entries and the flat masks, float64,
+            features already zeroed (the observation's tail).
+        masks: the environment's masks (read-only int8 arrays).
+        device: the device mask as a list of bools.
+        usable: ``device`` where the policy acts masked, else ``None``.
+        allowed: per head of :data:`HEADS`, the allowed options as a list of
+            bools, or ``None`` (unmasked head or unmasked policy).
+    """
+
+    __slots__ = ("allowed", "device", "keep_task", "masks", "rest", "usable")
+
+    def __init__(self, task: TaskSpec, machine: Machine,
+                 telemetry: Snapshot | None, encoder: ObservationEncoder) -> None:
+        m = masks(task, machine, telemetry)
+        for v in m.values():
+            v.flags.writeable = False
+        state = encode_state(task, machine, telemetry) * encoder.keep
+        parts = [state[TASK_FEATURES:]]
+        for key in OBS_KEYS[1:]:
+            parts.append(np.asarray(m[key], dtype=np.float64) if encoder.use_mask
+                         else np.ones(m[key].size))
+        self.keep_task = encoder.keep[:TASK_FEATURES].copy()
+        self.rest = np.concatenate(parts)
+        self.masks = m
+        self.device = (m["device_mask"] != 0).tolist()
+        use = encoder.use_mask
+        self.usable = self.device if use else None
+        self.allowed = [(m[key] != 0).tolist() if use and key is not None else None
+                        for key in HEAD_MASKS]
 
 
 def load_policy(path: str | Path | None = None, *, features: str | None = None,

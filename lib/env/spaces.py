@@ -53,7 +53,7 @@ to and from one float32 vector for policies that want a flat input.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -167,9 +167,43 @@ def project_shares(shares: np.ndarray, device_mask: np.ndarray, mode: np.ndarray
     return w
 
 
-def decision_from_weights_row(task: TaskSpec, weights: np.ndarray, block: int,
-                              mode: int, comm_path: int, chunks: int) -> Decision:
-    """One projected action row as a hashed :class:`Decision` (not yet gated).
+def project_share_row(shares: Sequence[float], device_mask: Sequence[Any],
+                      mode: int, min_share: float) -> list[float]:
+    """One row of :func:`project_shares`, bit for bit, without the batch
+    machinery (a decision for one observation: about 4 us instead of 25).
+
+    Args:
+        shares: ``(8,)`` raw share weights (floats or a float array).
+        device_mask: ``(8,)`` usable slots (nonzero = usable).
+        mode: the mode index.
+        min_share: as in :func:`project_shares`.
+
+    Returns:
+        The 8 kept weights as floats (all zero: no device).
+    """
+    w = [0.0] * len(shares)
+    for i, (s, usable) in enumerate(zip(shares, device_mask, strict=True)):
+        if usable:
+            s = float(s)
+            if not math.isfinite(s):
+                return [0.0] * len(shares)
+            w[i] = s if s > 0.0 else 0.0  # np.maximum(s, 0.0)
+    if mode == SINGLE:
+        top = max(range(len(w)), key=w.__getitem__)  # first maximum, as argmax
+        w = [v if i == top else 0.0 for i, v in enumerate(w)]
+    # numpy's pairwise sum, so a weight on the min_share boundary falls the
+    # same side as in the batch path
+    total = float(np.add.reduce(np.array(w)))
+    if total > 0:
+        return [v if v / total >= min_share else 0.0 for v in w]
+    return [v if 0.0 >= min_share else 0.0 for v in w]
+
+
+def decision_from_weights_row(task: TaskSpec, weights: Sequence[float], block: int,
+                              mode: int, comm_path: int, chunks: int, *,
+                              hashed: bool = True) -> Decision:
+    """One projected action row as a :class:`Decision` (not yet gated), hashed
+    unless ``hashed=False`` (then ``config_hash`` is empty).
 
     Out-of-range indices become values Gate 1 refuses (block 0, an unknown
     mode or path) rather than exceptions: the gate, not the environment, says
@@ -181,11 +215,13 @@ def decision_from_weights_row(task: TaskSpec, weights: np.ndarray, block: int,
         else f"path#{comm_path}"
     if task.merge == "concat":
         path_v = "host"  # the merge lands in place: the path does not matter
-    gpus = np.flatnonzero(weights > 0)
-    if gpus.size == 0:
-        return Decision(gpus=(), shares=(), chunk=task.split_size, block=block_v,
-                        mode=mode_v, comm_path=path_v).with_hash(task)
-    decision = decision_from_weights(task, gpus.tolist(), weights[gpus].tolist(),
+    w = weights.tolist() if isinstance(weights, np.ndarray) else list(weights)
+    gpus = [i for i, v in enumerate(w) if v > 0]
+    if not gpus:
+        decision = Decision(gpus=(), shares=(), chunk=task.split_size,
+                            block=block_v, mode=mode_v, comm_path=path_v)
+        return decision.with_hash(task) if hashed else decision
+    decision = decision_from_weights(task, gpus, [float(w[i]) for i in gpus],
                                      block=block_v, comm_path=path_v)
     if mode_v == "pipelined":
         rows = max(hi - lo for lo, hi in split_rows(task.split_size,
@@ -195,7 +231,7 @@ def decision_from_weights_row(task: TaskSpec, weights: np.ndarray, block: int,
         decision = replace(decision, mode="pipelined", chunk=chunk)
     elif mode_v not in MODES:
         decision = replace(decision, mode=mode_v)
-    return decision.with_hash(task)
+    return decision.with_hash(task) if hashed else decision
 
 
 def decision_from_action(action: Mapping[str, Any], task: TaskSpec,

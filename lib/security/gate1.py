@@ -132,8 +132,12 @@ def _check_form(f: dict[str, Any], out: list[Violation]) -> bool:
                 f"{name}: must hold 1 to {MAX_DEVICES} entries, got {len(value)}"))
             ok = False
         check = _int_problem if name == "gpus" else _number_problem
+        plain = int if name == "gpus" else float
         for i, item in enumerate(value[:MAX_DEVICES]):
-            problem = check(item)
+            if type(item) is plain and (plain is int or math.isfinite(item)):
+                problem = None  # what a policy writes: skip the calls
+            else:
+                problem = check(item)
             if problem:
                 out.append(Violation(problem[0], f"{name}[{i}]: {problem[1]}"))
                 ok = False
@@ -251,6 +255,14 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
             or math.fsum(shares) <= 0:
         return
     w = workload(task)
+    # No shard needs more than the whole task (a shard's footprint never
+    # exceeds the footprint of all the rows; tests/test_gate1.py holds every
+    # workload to it), so a task that fits whole on each device needs no cuts.
+    whole = w.work(task, task.split_size).footprint
+    if all(whole <= (telemetry.free_bytes[g] if telemetry is not None
+                     else machine.devices[g].mem_bytes) * (1.0 - MEMORY_MARGIN)
+           for g in gpus):
+        return
     for pos, (g, (lo, hi)) in enumerate(zip(gpus, split_rows(task.split_size, shares),
                                             strict=True)):
         need = w.work(task, hi - lo).footprint
@@ -264,16 +276,20 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
                 f"({MEMORY_MARGIN:.0%} margin)"))
 
 
-def _check_integrity(f: dict[str, Any], task: TaskSpec, out: list[Violation]) -> None:
+def _check_integrity(f: dict[str, Any], task: TaskSpec, out: list[Violation],
+                     decision: Decision | None = None) -> None:
+    """The hash recomputed from the fields (``decision``: the Decision they
+    were read from, hashed as it is, since the hash ignores ``config_hash``)."""
     digest = f.get("config_hash", "")
     if not digest:
         out.append(Violation("integrity.missing_hash",
                              "config_hash is missing; compute it with "
                              "Decision.with_hash(task)"))
         return
-    decision = Decision(gpus=tuple(f["gpus"]), shares=tuple(f["shares"]),
-                        chunk=f["chunk"], block=f["block"], mode=f["mode"],
-                        comm_path=f["comm_path"])
+    if decision is None:
+        decision = Decision(gpus=tuple(f["gpus"]), shares=tuple(f["shares"]),
+                            chunk=f["chunk"], block=f["block"], mode=f["mode"],
+                            comm_path=f["comm_path"])
     expected = config_hash(task, decision)
     if not hmac.compare_digest(expected.encode(), digest.encode("utf-8", "replace")):
         out.append(Violation("integrity.hash_mismatch",
@@ -309,7 +325,8 @@ def check_decision(decision: Any, task: Any, machine: Machine,
                 nccl = machine.nccl if nccl_available is None else nccl_available
                 _check_feasibility(fields, task, machine, telemetry, nccl, out)
                 if contract_ok:
-                    _check_integrity(fields, task, out)
+                    _check_integrity(fields, task, out, decision
+                                     if type(decision) is Decision else None)
     except Exception as exc:  # a gate reports; it never raises
         out.append(Violation("form.object", f"unusable decision "
                                             f"({type(exc).__name__}: {exc})"))
