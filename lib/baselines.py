@@ -16,7 +16,9 @@ baseline drives the same execution path as the learned policy.
   chunk in turn to the device whose expected finish time (free time + predicted
   compute + beta x predicted transfer) is earliest.
 - :class:`RandomSplit` -- a seeded random subset with Dirichlet shares.
-- :class:`Oracle` -- the exhaustive optimum under the cost model.
+
+The seventh baseline, the exhaustive optimum under the cost model, is
+:class:`lib.costmodel.optimum.Oracle` (it searches over these).
 """
 
 from __future__ import annotations
@@ -198,22 +200,11 @@ class RandomSplit:
                                      self.rng.dirichlet(np.ones(k)).tolist())
 
 
-class Oracle:
-    """The exhaustive optimum under the cost model (the bound, not a policy a
-    runtime could afford on every task)."""
-
-    name = "oracle"
-
-    def decide(self, task: TaskSpec, machine: Machine,
-               telemetry: Snapshot | None = None) -> Decision:
-        from lib.costmodel.optimum import optimum
-
-        return optimum(task, machine, telemetry).decision
-
-
+#: The cheap baselines by name. The seventh, the exhaustive optimum, is
+#: :class:`lib.costmodel.optimum.Oracle`; :data:`lib.runtime.POLICIES` lists all.
 BASELINES: dict[str, type] = {p.name: p for p in (
     EqualSplit, SingleBest, ProportionalToPeak, ProportionalToLive, HeftGreedy,
-    RandomSplit, Oracle)}
+    RandomSplit)}
 
 
 def get_policy(name: str) -> Policy:

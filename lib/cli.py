@@ -27,27 +27,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lib.baselines import BASELINES, EqualSplit
-from lib.baselines import get_policy as get_baseline
+from lib.baselines import EqualSplit
 from lib.contract import KIND_DIMS, KINDS, ContractError, Decision, TaskSpec
 from lib.execution import BACKENDS, BackendUnavailable, ExecutionError
 from lib.machines import MachineError, list_machines, load_machine
-from lib.runtime import Agent, DecisionRejected
+from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
 from lib.security import check_decision
 
 
 class UsageError(ValueError):
     """Bad command-line input (exit status 2)."""
 
-
-def get_policy(name: str):
-    """``rl`` (the shipped learned policy, or proportional-to-peak where no
-    policy file ships) or a baseline by name."""
-    if name == "rl":
-        from lib.runtime import default_policy
-
-        return default_policy()
-    return get_baseline(name)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -166,7 +156,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from lib.execution.model import params_for
 
     task = _task_from_args(args)
-    agent = Agent(policy=get_policy(args.policy), machine=args.machine)
+    agent = Agent(policy=make_policy(args.policy), machine=args.machine)
     params = params_for(agent.machine.name)
     decision = agent.optimize(task)
     pred = predict(task, decision, agent.machine, params=params)
@@ -209,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"seed": args.seed}
     if args.backend == "cpu":
         options.update(repeats=args.repeats, warmup=args.warmup)
-    agent = Agent(policy=get_policy(args.policy), machine=args.machine,
+    agent = Agent(policy=make_policy(args.policy), machine=args.machine,
                   backend=args.backend, **options)
     try:
         if args.decision:
@@ -443,7 +433,7 @@ def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", metavar="FILE", help="task JSON instead of --kind/--dim")
     p.add_argument("--machine", default="hetero-4",
                    help="machine profile (gpuhive doctor lists them)")
-    p.add_argument("--policy", default="rl", choices=("rl", *BASELINES),
+    p.add_argument("--policy", default="rl", choices=tuple(POLICIES),
                    help="rl: the shipped learned policy (default); or a baseline")
     p.add_argument("--json", action="store_true", help="print JSON")
 

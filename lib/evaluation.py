@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from lib.baselines import BASELINES, Policy
+from lib.baselines import Policy
 from lib.book import pick
 from lib.contract import KINDS, TaskSpec
 from lib.costmodel.model import split_time_coefficients
 from lib.execution import get_backend
 from lib.execution.model import params_for
 from lib.machines import Machine, load_machine
-from lib.runtime import Agent, DecisionRejected
+from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
 from lib.telemetry import Snapshot, busy, idle
 
 #: Sizes per kind as (small, large) of the first dimension; the ladder between
@@ -348,8 +348,8 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
     measured = backend != "model"
     repeats = pick(budget, smoke=1, quick=3, full=5)
     tasks = task_set(backend, budget, seed)
-    policies: dict[str, Policy] = {name: cls() if name != "random" else cls(seed)
-                                   for name, cls in BASELINES.items()}
+    policies: dict[str, Policy] = {name: make_policy(name, seed)
+                                   for name in POLICIES if name != "rl"}
     learned = _learned_policy(policy_path, notes)
     if learned is not None:
         policies = {LEARNED: learned, **policies}

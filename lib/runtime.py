@@ -16,9 +16,10 @@ every decision with Gate 1 whatever its origin, and never runs a rejected one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from lib.baselines import Policy, ProportionalToPeak
+from lib.baselines import BASELINES, Policy, ProportionalToPeak
 from lib.contract import Decision, TaskSpec
 from lib.execution import Backend, Result, get_backend
 from lib.machines import Machine, load_machine
@@ -34,6 +35,25 @@ def default_policy() -> Policy:
         return load_policy()
     except PolicyFormatError:
         return ProportionalToPeak()
+
+
+def _oracle() -> Policy:
+    from lib.costmodel.optimum import Oracle
+
+    return Oracle()
+
+
+#: Every policy by name: the learned one (``rl``), the six cheap baselines and
+#: the exhaustive optimum (``oracle``). Each value makes a fresh policy.
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "rl": default_policy, **BASELINES, "oracle": _oracle}
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    """A policy by name (see :data:`POLICIES`); ``random`` takes the seed."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name](seed) if name == "random" else POLICIES[name]()
 
 
 class DecisionRejected(ValueError):

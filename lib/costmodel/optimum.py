@@ -194,6 +194,17 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
                    seconds=time.perf_counter() - start)
 
 
+class Oracle:
+    """The exhaustive optimum as a policy: the bound every policy is held to,
+    not one a runtime could afford on every task (milliseconds a decision)."""
+
+    name = "oracle"
+
+    def decide(self, task: TaskSpec, machine: Machine,
+               telemetry: Snapshot | None = None) -> Decision:
+        return optimum(task, machine, telemetry).decision
+
+
 #: GPU models of the synthetic machines the benchmark searches over.
 BENCH_MODELS = ("H100 SXM", "A100 80GB SXM", "V100 SXM2 32GB", "T4", "L4", "A10",
                 "RTX 4090", "H200 SXM")
