@@ -33,7 +33,7 @@ from lib.agent.nn import (
     tanh_backward,
     tanh_forward,
 )
-from lib.agent.ppo import PPOAgent, PPOConfig
+from lib.agent.ppo import PPOAgent, PPOConfig, interior_shares
 from lib.agent.td3 import TD3Agent, TD3Config
 
 TOL = 1e-6
@@ -331,3 +331,42 @@ def test_relative_error_helper_would_catch_a_wrong_gradient(rng):
     assert rel_error(np.cos(x), num) < TOL
     assert rel_error(np.cos(x) * (1 + 1e-4), num) > TOL
     assert math.isclose(float(digamma(1.0)), -0.5772156649015329, abs_tol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# Imitation (behaviour-cloning) loss
+
+
+def _imitation_case(seed: int = 4):
+    agent, batch = _ppo_case(clip=0.2, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    expert = np.where(batch["device_mask"], rng.random(batch["shares"].shape), 0.0)
+    expert[:, 0] = 0.0  # the expert leaves a device out: the mix must cope
+    expert[:, 1] += batch["device_mask"][:, 1]
+    expert /= expert.sum(axis=1, keepdims=True)
+    mb = {"obs": batch["obs"], "device_mask": batch["device_mask"],
+          "discrete_masks": batch["discrete_masks"],
+          "shares": interior_shares(expert, batch["device_mask"], eps=0.05),
+          "choices": batch["choices"], "returns": rng.normal(size=len(expert))}
+    return agent, mb
+
+
+def test_imitation_loss_gradient():
+    agent, mb = _imitation_case()
+    loss, grads, stats = agent.imitation_loss_and_grads(mb)
+    assert stats["value_loss"] > 0 and np.isfinite(loss)
+
+    def f():
+        return agent.imitation_loss_and_grads(mb)[0]
+
+    for k, g in grads.items():
+        assert rel_error(g, numeric_grad(f, agent.params[k])) < TOL, k
+
+
+def test_imitation_loss_is_the_mean_negative_log_likelihood():
+    agent, mb = _imitation_case()
+    mb = {k: v for k, v in mb.items() if k != "returns"}
+    loss, grads, stats = agent.imitation_loss_and_grads(mb)
+    assert loss == pytest.approx(-float(np.mean(_joint_logp(agent, mb))), rel=1e-12)
+    assert stats["value_loss"] == 0.0
+    assert all(np.all(g == 0.0) for k, g in grads.items() if k.startswith("critic"))

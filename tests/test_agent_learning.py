@@ -9,6 +9,7 @@ import pytest
 
 from lib.agent import Learner, PolicyFormatError, PPOAgent, PPOConfig, gae
 from lib.agent.bandit import BanditConfig, ShareBandit, log_speedup
+from lib.agent.ppo import interior_shares
 from lib.agent.td3 import TD3Agent, TD3Config
 from lib.agent.toy import SpeedShareProblem, evaluate, train_ppo
 
@@ -224,3 +225,40 @@ def test_load_refuses_other_versions_and_non_policies(tmp_path):
     junk.write_bytes(b"not a zip")
     with pytest.raises(PolicyFormatError, match="not a readable policy file"):
         PPOAgent.load(junk)
+
+
+# --------------------------------------------------------------------------
+# Imitation
+
+
+def test_interior_shares_mixes_in_uniform_over_usable_devices_only():
+    out = interior_shares(np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0]]),
+                          np.array([[1, 1, 1, 0], [0, 1, 1, 1]], dtype=bool),
+                          eps=0.03)
+    np.testing.assert_allclose(out, [[0.98, 0.01, 0.01, 0.0],
+                                     [0.0, 0.495, 0.495, 0.01]], rtol=1e-12)
+
+
+def test_imitation_copies_an_expert_that_ppo_would_take_long_to_find():
+    problem = SpeedShareProblem()
+    agent = _agent(seed=1, alpha_min=0.05)
+    rng = np.random.default_rng(3)
+    obs, dmask, cmasks, info = problem.sample(rng, 1024)
+    expert = info["speeds"] / info["speeds"].sum(axis=1, keepdims=True)
+    batch = {"obs": obs, "device_mask": dmask, "discrete_masks": cmasks,
+             "shares": interior_shares(expert, dmask, 1e-3),
+             "choices": info["right"][:, None],
+             "returns": problem.optimum(info)}
+    agent.obs_rms.update(obs)
+    before = evaluate(agent, problem, np.random.default_rng(9), 256)
+    first = agent.imitation_update(batch, steps=1)
+    agent.imitation_update(batch, steps=300)
+    last = agent.imitation_update(batch, steps=1)
+    after = evaluate(agent, problem, np.random.default_rng(9), 256)
+    _, _, _, held = problem.sample(np.random.default_rng(9), 256)
+    assert last["nll"] < first["nll"] - 2.0
+    assert last["choice_accuracy"] > 0.95 > first["choice_accuracy"]
+    assert last["share_error"] < 0.25 * first["share_error"]
+    # Fresh contexts: from about 0.1 to within 0.15 of the optimum (about 0.75).
+    assert after > before + 0.4
+    assert after > float(problem.optimum(held).mean()) - 0.15

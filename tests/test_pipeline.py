@@ -14,6 +14,7 @@ from lib.agent.pipeline import (
     TrainConfig,
     evaluate,
     held_out_tasks,
+    imitation_labels,
     make_learner,
     train,
 )
@@ -26,17 +27,22 @@ from lib.agent.policy import (
 )
 from lib.agent.ppo import PolicyFormatError
 from lib.contract import KINDS, STATE_DIM, STATE_FIELDS, TaskSpec
+from lib.costmodel import default_params, predict
+from lib.costmodel.optimum import optimum
 from lib.env import sample_task
+from lib.env.spaces import action_from_decision, decision_from_action
 from lib.security import check_decision
 from lib.telemetry import SimulatedTelemetry
 
 #: Pins of the shipped lib/policies/hetero-4.npz on 40 held-out tasks (seed
-#: 2024, PREDICTED, model backend), so a worse file fails. It reaches
-#: T_rl/T_opt = 1.114 here (1.078 on the 200 tasks of its training summary):
-#: the design's T2 (<= 1.05) is NOT met by this quick-budget policy; T1
-#: (>= 1.25x over equal split) is, at 2.17x.
-SHIPPED_MAX_RL_OVER_OPT = 1.12
-SHIPPED_MIN_SPEEDUP_VS_EQUAL = 1.25
+#: 2024, PREDICTED, model backend), so a worse file fails. The quick-budget
+#: policy (stage 1a imitation, then PPO) reaches T_rl/T_opt = 1.010 here (1.019
+#: on the 200 tasks of its training summary), within the design's T2 (<= 1.05),
+#: and 2.40x over equal split (T1: >= 1.25x).
+SHIPPED_MAX_RL_OVER_OPT = 1.02
+SHIPPED_MIN_SPEEDUP_VS_EQUAL = 2.3
+T2_MAX_RL_OVER_OPT = 1.05
+T1_MIN_SPEEDUP_VS_EQUAL = 1.25
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +66,53 @@ def test_smoke_training_runs_every_stage_that_applies(smoke_run):
     assert {"reward", "env_steps", "phase", "entropy"} <= set(rows[0])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["evaluation"]["label"] == "PREDICTED (model)"
+
+
+def test_smoke_stage1a_imitates_before_ppo(smoke_run):
+    rows = smoke_run.curves["imitation"]
+    labels, steps = smoke_run.config.imitation_plan
+    assert labels > 0 and steps > 0
+    assert rows[-1]["step"] == steps and rows[-1]["labels"] == labels
+    with (smoke_run.out_dir / "curves" / "imitation.csv").open() as fh:
+        assert {"nll", "share_error", "choice_accuracy"} <= set(
+            next(csv.DictReader(fh)))
+
+
+def test_imitation_labels_are_the_optimum_as_legal_actions(hetero4):
+    cfg = TrainConfig(curriculum=False, imitation_eps=1e-3)
+    labels = imitation_labels(cfg, hetero4, 24)
+    assert labels["obs"].shape == (24, OBS_DIM)
+    np.testing.assert_allclose(labels["shares"].sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all((labels["shares"] > 0) == labels["device_mask"])
+    assert np.all(labels["shares"][labels["device_mask"]] >= 1e-3 / 8)
+    for h, mask in enumerate(labels["discrete_masks"]):
+        if mask is not None:
+            assert mask[np.arange(24), labels["choices"][:, h]].all()
+    # The optimum's reward log(T_eq / T_opt) is never negative.
+    assert np.all(labels["returns"] >= -1e-12) and labels["returns"].max() > 0.1
+
+
+def test_optimum_survives_the_trip_through_the_action(hetero4):
+    rng = np.random.default_rng(5)
+    params = default_params()
+    for _ in range(30):
+        task = sample_task(rng, hetero4)
+        best = optimum(task, hetero4, None, params)
+        action = action_from_decision(task, best.decision)
+        again = decision_from_action(action, task, np.ones(8, dtype=np.int8))
+        assert again.mode == best.decision.mode
+        assert again.gpus == best.decision.gpus
+        t = predict(task, again, hetero4, None, params).total
+        assert t == pytest.approx(best.total, rel=1e-3), task.describe()
+
+
+def test_imitation_can_be_switched_off(tmp_path):
+    cfg = TrainConfig(budget="smoke", seed=1, stages=("cost-model",),
+                      imitation_steps=0)
+    result = train(cfg, tmp_path, progress=False, evaluate_policy=False)
+    assert cfg.imitation_plan[1] == 0
+    assert result.curves["imitation"] == []
+    assert len(result.curves["cost-model"]) == 7
 
 
 def test_stage3_skipped_on_a_simulated_machine_with_the_reason(smoke_run):
@@ -131,8 +184,10 @@ def test_shipped_policy_decisions_pass_gate1_for_every_kind(hetero4):
 def test_shipped_policy_meets_the_acceptance_target(hetero4):
     ev = evaluate(load_policy(), hetero4, 40, seed=2024)
     assert ev["refused"] == 0
-    assert ev["rl_over_opt"] <= SHIPPED_MAX_RL_OVER_OPT, ev["rl_over_opt"]
-    assert ev["speedup_vs_equal"] >= SHIPPED_MIN_SPEEDUP_VS_EQUAL
+    assert ev["rl_over_opt"] <= SHIPPED_MAX_RL_OVER_OPT <= T2_MAX_RL_OVER_OPT, \
+        ev["rl_over_opt"]
+    assert ev["speedup_vs_equal"] >= SHIPPED_MIN_SPEEDUP_VS_EQUAL \
+        >= T1_MIN_SPEEDUP_VS_EQUAL
 
 
 def test_shipped_policy_file_is_small_and_summarised():

@@ -2,11 +2,23 @@
 
 :func:`train` runs, for one target machine:
 
-1. **cost model** -- PPO (or TD3) on ``GPUHive-Split-v0`` with the model
-   backend and the uncalibrated parameters, over the curriculum
-   (:data:`lib.env.DEFAULT_STAGES`: homogeneous, heterogeneous, small tasks,
-   busy, catalog), then a last stage on the target machine itself (tasks from
-   10 KB to 10 GB, idle devices);
+1. **cost model**, the model backend with the uncalibrated parameters, in two
+   parts:
+
+   a. *imitate the exhaustive optimum on the cost model*
+      (:func:`imitation_labels`, :func:`imitate`): tasks drawn as stage 1b
+      draws them are labelled with :func:`lib.costmodel.optimum.optimum`'s
+      decision, turned into the environment's action (shares on the device
+      slots; block, mode, path and chunk-count indices), and the PPO policy
+      maximises their log-likelihood (:meth:`PPOAgent.imitation_update`; the
+      critic regresses the optimum's reward ``log(T_eq / T_opt)``). The labels
+      are drawn once and reused for every step; ``imitation_steps=0`` skips
+      this part, and TD3 skips it (it fits PPO's heads);
+   b. *PPO over the curriculum*: PPO (or TD3) on ``GPUHive-Split-v0`` over
+      the curriculum (:data:`lib.env.DEFAULT_STAGES`: homogeneous,
+      heterogeneous, small tasks, busy, catalog), then a last stage on the
+      target machine itself (tasks from 10 KB to 10 GB, idle devices). With
+      ``curriculum=False`` both parts use the target machine only;
 2. **calibrated, noisy model** -- the target machine with its calibrated
    parameters where ``gpuhive calibrate`` saved some (``load_params``), else
    the defaults; every PREDICTED time is multiplied by an independent
@@ -30,7 +42,8 @@ split, proportional-to-peak and the exhaustive optimum, labelled PREDICTED or
 MEASURED with the backend.
 
 Files under ``out_dir``: ``checkpoint.npz`` (resume state), ``curves/<stage>.csv``
-(one row per iteration), ``policy.npz`` (PPO), ``summary.json``.
+(one row per iteration; ``curves/imitation.csv`` for stage 1a), ``policy.npz``
+(PPO), ``summary.json``.
 """
 
 from __future__ import annotations
@@ -49,13 +62,15 @@ from tqdm.auto import tqdm
 
 from lib.agent.bandit import BanditConfig, ShareBandit
 from lib.agent.policy import (
+    HEAD_MASKS,
     HEAD_SIZES,
+    HEADS,
     OBS_DIM,
     LearnedPolicy,
     ObservationEncoder,
     action_from_choices,
 )
-from lib.agent.ppo import PPOAgent, PPOConfig
+from lib.agent.ppo import PPOAgent, PPOConfig, interior_shares
 from lib.agent.td3 import TD3Agent, TD3Config
 from lib.baselines import EqualSplit, ProportionalToPeak
 from lib.contract import STATE_DEVICES, TaskSpec
@@ -70,7 +85,7 @@ from lib.env import (
     SplitEnv,
     sample_task,
 )
-from lib.env.spaces import BLOCKS, MODES
+from lib.env.spaces import BLOCKS, MODES, action_from_decision
 from lib.env.split import MEASURED_LOG10_BYTES, MODEL_LOG10_BYTES
 from lib.execution import BackendUnavailable, get_backend
 from lib.machines import Machine, load_machine
@@ -98,14 +113,18 @@ class Budget:
     """Steps per environment per iteration (batch = num_envs * rollout)."""
     eval_tasks: int
     """Held-out tasks of the final evaluation."""
+    imitation_labels: int = 0
+    """Stage 1a: tasks labelled with the exhaustive optimum (about 10 ms each)."""
+    imitation_steps: int = 0
+    """Stage 1a: behaviour-cloning gradient steps on those labels (0: none)."""
 
 
 BUDGETS: dict[str, Budget] = {
-    "smoke": Budget((256,) * 5, 512, 256, 8, 32, 8, 12),
+    "smoke": Budget((256,) * 5, 512, 256, 8, 32, 8, 12, 24, 4),
     "quick": Budget((8_192, 16_384, 16_384, 16_384, 24_576), 163_840, 24_576, 64,
-                    64, 32, 200),
+                    64, 32, 200, 4_096, 4_000),
     "full": Budget((50_000, 100_000, 100_000, 100_000, 200_000), 2_000_000,
-                   200_000, 512, 128, 32, 500),
+                   200_000, 512, 128, 32, 500, 16_384, 20_000),
 }
 
 
@@ -147,10 +166,26 @@ class TrainConfig:
     """PPO rows per gradient step."""
     alpha_init: float = 8.0
     """PPO initial Dirichlet concentration per device."""
+    alpha_min: float = 0.05
+    """PPO floor of every Dirichlet concentration (0.01 to 1). The policy acts
+    on the Dirichlet mean, where a left-out device keeps a share of about
+    ``alpha_min / sum(alpha)``: well below 1 lets it leave devices out (share
+    under ``min_share``, 1e-3) as the optimum does, without concentrations in
+    the thousands."""
     penalty: float = 1.0
     """Reward of a decision Gate 1 refuses is ``-penalty``."""
     eval_seed: int = 7919
     """Seed of the held-out evaluation tasks (never an environment's)."""
+    imitation_steps: int | None = None
+    """Stage 1a behaviour-cloning steps; None takes the budget's, 0 skips
+    stage 1a (PPO from scratch)."""
+    imitation_labels: int | None = None
+    """Stage 1a labelled tasks; None takes the budget's."""
+    imitation_eps: float = 1e-3
+    """Stage 1a: weight of the uniform mix that moves the optimum's shares
+    inside the simplex (:func:`interior_shares`). Keep ``eps / K`` (K usable
+    devices) under the 1e-3 share the policy drops, or the imitated mean keeps
+    a sliver on devices the optimum leaves out (1e-4 to 1e-3)."""
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
@@ -164,10 +199,28 @@ class TrainConfig:
             raise ValueError(f"unknown stages {unknown}; expected some of "
                              f"{', '.join(STAGES)}")
         ObservationEncoder(self.features)  # validates the name
+        for name in ("imitation_steps", "imitation_labels"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} {value}: expected >= 0 (or None for "
+                                 f"the {self.budget} budget's)")
+        if not 0.0 < self.imitation_eps < 1.0:
+            raise ValueError(f"imitation_eps {self.imitation_eps}: expected a "
+                             "weight in (0, 1), typically 1e-3")
 
     @property
     def plan(self) -> Budget:
         return BUDGETS[self.budget]
+
+    @property
+    def imitation_plan(self) -> tuple[int, int]:
+        """Stage 1a's ``(labelled tasks, gradient steps)``; steps 0 skips it."""
+        plan = self.plan
+        labels = plan.imitation_labels if self.imitation_labels is None \
+            else self.imitation_labels
+        steps = plan.imitation_steps if self.imitation_steps is None \
+            else self.imitation_steps
+        return labels, steps if labels > 0 else 0
 
 
 @dataclass
@@ -222,7 +275,7 @@ def make_learner(config: TrainConfig) -> PPOAgent | TD3Agent:
             lr=config.lr, epochs=config.epochs,
             minibatch_size=config.minibatch_size, ent_coef=config.ent_coef,
             hidden=tuple(config.hidden), alpha_init=config.alpha_init,
-            seed=config.seed))
+            alpha_min=config.alpha_min, seed=config.seed))
     defaults = [BLOCKS.index(256), MODES.index("split"), 0, 0]
     return TD3Agent(OBS_DIM, STATE_DEVICES, HEAD_SIZES, TD3Config(
         hidden=tuple(config.hidden), batch_size=256, seed=config.seed),
@@ -361,6 +414,123 @@ def _phases(config: TrainConfig, machine: Machine) -> list[_Phase]:
 
 def _stage_seed(seed: int, phase: int, it: int) -> int:
     return int(np.random.SeedSequence((seed, phase, it)).generate_state(1)[0])
+
+
+# --------------------------------------------------------------------------
+# Stage 1a: imitating the exhaustive optimum
+
+
+def _label_counts(phases: list[_Phase], total: int) -> list[int]:
+    """``total`` labels over ``phases`` in proportion to their steps (at least
+    one each when ``total`` allows)."""
+    steps = np.array([p.steps for p in phases], dtype=np.float64)
+    raw = total * steps / steps.sum()
+    counts = np.maximum(np.floor(raw), 1 if total >= len(phases) else 0)
+    counts = counts.astype(int)
+    for i in np.argsort(-(raw - np.floor(raw))):
+        if counts.sum() >= total:
+            break
+        counts[i] += 1
+    return counts.tolist()
+
+
+def imitation_labels(config: TrainConfig, machine: Machine, count: int,
+                     progress: bool = False) -> dict[str, Any]:
+    """The exhaustive optimum's decisions on ``count`` tasks of stage 1, as a
+    behaviour-cloning batch for :meth:`PPOAgent.imitation_update`.
+
+    Tasks come from the environment of each part of stage 1 (the curriculum
+    stages' machines, task sizes and load, then the target ``machine``; the
+    target only with ``config.curriculum=False``), ``count`` split in
+    proportion to the parts' steps, from seeds of their own. Each label is
+    :func:`lib.costmodel.optimum.optimum` (about 10 ms a task) turned into the
+    environment's action by :func:`lib.env.spaces.action_from_decision`: the
+    shares on their device slots, the block, mode and path indices, and the
+    pipelined chunk count snapped to the nearest of :data:`CHUNKS` (log scale).
+
+    Returns:
+        ``obs`` ``(N, OBS_DIM)``, ``device_mask`` ``(N, 8)`` bool,
+        ``discrete_masks`` (one ``(N, size)`` bool array per head, or None
+        without masks), ``shares`` ``(N, 8)`` (the optimum's, moved inside the
+        simplex by :func:`interior_shares` with ``config.imitation_eps``),
+        ``choices`` ``(N, 4)`` int64 and ``returns`` ``(N,)``, the optimum's
+        reward ``log(T_eq / T_opt)``.
+    """
+    phases = _phases(replace(config, stages=("cost-model",)), machine)
+    enc = ObservationEncoder(config.features, config.use_mask)
+    rows: dict[str, list] = {k: [] for k in ("obs", "device_mask", "masks",
+                                             "shares", "choices", "returns")}
+    counts = _label_counts(phases, count)
+    bar = tqdm(total=sum(counts), desc="cost-model/imitation labels",
+               disable=not progress, leave=False)
+    for index, (phase, n) in enumerate(zip(phases, counts, strict=True)):
+        if n == 0:
+            continue
+        env = SplitEnv(replace(phase.config, episode_len=n + 1))
+        try:
+            seed = np.random.SeedSequence((config.seed, 0x1A, index))
+            obs, _ = env.reset(seed=int(seed.generate_state(1)[0]))
+            for _ in range(n):
+                best = optimum(env.task, env.machine, env.telemetry,
+                               env.config.params).decision
+                action = action_from_decision(env.task, best)
+                dmask, cmasks = enc.masks(obs)
+                rows["obs"].append(enc.flat(obs))
+                rows["device_mask"].append(np.ones(STATE_DEVICES, dtype=bool)
+                                           if dmask is None else dmask)
+                rows["masks"].append(cmasks)
+                rows["shares"].append(np.asarray(action["shares"], np.float64))
+                rows["choices"].append([int(action[h]) for h in HEADS])
+                obs, reward, _, _, info = env.step_decision(best)
+                if not info["accepted"]:
+                    raise RuntimeError(f"Gate 1 refused the optimum for "
+                                       f"{info['task'].describe()}: "
+                                       f"{info['gate1']}")
+                rows["returns"].append(reward)
+                bar.update(1)
+        finally:
+            env.close()
+    bar.close()
+    dm = np.array(rows["device_mask"])
+    masks = None if not config.use_mask else [
+        None if HEAD_MASKS[h] is None else np.array([m[h] for m in rows["masks"]])
+        for h in range(len(HEAD_SIZES))]
+    return {"obs": np.array(rows["obs"]), "device_mask": dm,
+            "discrete_masks": masks,
+            "shares": interior_shares(np.array(rows["shares"]), dm,
+                                      config.imitation_eps),
+            "choices": np.array(rows["choices"], dtype=np.int64),
+            "returns": np.array(rows["returns"])}
+
+
+def imitate(agent: PPOAgent, labels: Mapping[str, Any], config: TrainConfig,
+            steps: int, curve: list[dict[str, float]],
+            progress: bool = False) -> None:
+    """Stage 1a: ``steps`` behaviour-cloning steps of ``agent`` on ``labels``.
+
+    The labels' observations are merged into the agent's running statistics
+    first; the step size decays linearly from ``config.lr`` to
+    ``config.lr_final``. A curve row every ``max(1, steps // 50)`` steps.
+    """
+    if agent.config.normalize_obs:
+        agent.obs_rms.update(labels["obs"])
+    every = max(1, steps // 50)
+    bar = tqdm(total=steps, desc="cost-model/imitation", disable=not progress,
+               leave=False)
+    done = 0
+    t0 = time.perf_counter()
+    while done < steps:
+        n = min(every, steps - done)
+        agent.optimizer.config.lr = config.lr + (config.lr_final - config.lr) \
+            * done / max(1, steps)
+        stats = agent.imitation_update(dict(labels), n)
+        done += n
+        curve.append({"step": done, "labels": len(labels["returns"]),
+                      "seconds": time.perf_counter() - t0,
+                      **{k: float(v) for k, v in stats.items()}})
+        bar.update(n)
+        bar.set_postfix(nll=f"{stats['nll']:.2f}")
+    bar.close()
 
 
 def _rollout_ppo(agent: PPOAgent, env: BatchModelEnv, enc: ObservationEncoder,
@@ -611,7 +781,8 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
     ckpt_path = out_dir / "checkpoint.npz"
     config_key = json.loads(json.dumps(asdict(config)))
     state: dict[str, Any] = {"config": config_key, "phase": 0, "iteration": 0,
-                             "curves": {s: [] for s in STAGES}, "wall": {}}
+                             "imitated": False, "wall": {},
+                             "curves": {s: [] for s in ("imitation", *STAGES)}}
     if resume and ckpt_path.is_file():
         with np.load(ckpt_path, allow_pickle=False) as npz:
             saved = json.loads(str(npz["header"]))["progress"]
@@ -623,6 +794,27 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
     t_start = time.perf_counter()
     reports: dict[str, StageReport] = {}
     interrupted = False
+
+    model_phases = [p for p in phases if p.stage == "cost-model"]
+    n_labels, n_steps = config.imitation_plan
+    if model_phases and n_steps > 0 and not state.get("imitated") \
+            and state["phase"] == 0 and state["iteration"] == 0:
+        if isinstance(learner, PPOAgent):
+            t0 = time.perf_counter()
+            labels = imitation_labels(config, machine, n_labels, progress)
+            imitate(learner, labels, config, n_steps,
+                    curves.setdefault("imitation", []), progress)
+            state["wall"]["imitation"] = time.perf_counter() - t0
+            last = curves["imitation"][-1]
+            say(f"stage cost-model, imitation: {n_steps} steps on {n_labels} "
+                f"labels of the optimum, {state['wall']['imitation']:.1f} s "
+                f"(nll {last['nll']:.2f}, share error {last['share_error']:.3f}, "
+                f"choice accuracy {last['choice_accuracy']:.3f})")
+        else:
+            say("stage cost-model, imitation: skipped (it fits the PPO "
+                "learner's Dirichlet and categorical heads)")
+        state["imitated"] = True
+        save_checkpoint(ckpt_path, learner, state)
 
     for index, phase in enumerate(phases):
         rep = reports.setdefault(phase.stage, StageReport(
@@ -655,6 +847,8 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
                                 for _ in rows))
         rep.wall_s = sum(v for k, v in state["wall"].items()
                          if any(p.name == k and p.stage == rep.name for p in phases))
+        if rep.name == "cost-model":
+            rep.wall_s += state["wall"].get("imitation", 0.0)
         if rep.status == "ran":
             say(f"stage {rep.name}: {rep.iterations} iterations, "
                 f"{rep.env_steps} steps, {rep.wall_s:.1f} s ({rep.label})")
@@ -872,5 +1066,5 @@ def bandit_curve(machine: str | Machine = "hetero-4", steps: int = 400,
 __all__ = [
     "BUDGETS", "STAGES", "Budget", "StageReport", "TrainConfig", "TrainResult",
     "bandit_curve", "evaluate", "fine_tune", "format_evaluation",
-    "held_out_tasks", "train",
+    "held_out_tasks", "imitate", "imitation_labels", "train",
 ]

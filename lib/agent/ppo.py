@@ -151,6 +151,34 @@ def gae(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray,
     return adv, adv + v
 
 
+def interior_shares(shares: np.ndarray, device_mask: np.ndarray | None = None,
+                    eps: float = 1e-3) -> np.ndarray:
+    """Shares moved strictly inside the simplex of the usable devices.
+
+    ``(1 - eps) * shares + eps * uniform`` over the usable devices of each
+    row, 0 elsewhere: a Dirichlet has no density where a usable share is 0,
+    so an expert's shares (which leave devices out) must be mixed before
+    :meth:`PPOAgent.imitation_loss_and_grads` scores them.
+
+    Args:
+        shares: ``(B, n)`` non-negative, rows summing to 1 over usable devices.
+        device_mask: ``(B, n)`` bool (``None`` = all usable).
+        eps: weight of the uniform part (1e-4 to 1e-2). A left-out device's
+            label is ``eps / K``: the smaller, the harder the fitted Dirichlet
+            pushes its concentration (and mean share) toward 0.
+
+    Returns:
+        ``(B, n)`` float64, rows summing to 1, positive exactly where usable.
+    """
+    s = np.atleast_2d(np.asarray(shares, dtype=np.float64))
+    usable = np.ones(s.shape, dtype=bool) if device_mask is None \
+        else np.broadcast_to(np.asarray(device_mask, dtype=bool), s.shape)
+    s = np.where(usable, np.maximum(s, 0.0), 0.0)
+    s = s / s.sum(axis=1, keepdims=True)
+    uniform = usable / usable.sum(axis=1, keepdims=True)
+    return (1.0 - eps) * s + eps * uniform
+
+
 def _inv_softplus(y: float) -> float:
     return float(y + np.log(-np.expm1(-y)))
 
@@ -421,6 +449,128 @@ class PPOAgent:
                                            / var) if var > 0 else float("nan"))
         if c.normalize_obs:
             self.obs_rms.update(x)
+        return out
+
+    # ------------------------------------------------------------------
+    # Imitation (behaviour cloning)
+
+    def imitation_loss_and_grads(self, mb: dict[str, Any], normalized: bool = False
+                                 ) -> tuple[float, Params, dict[str, float]]:
+        """Behaviour-cloning loss of a minibatch of expert actions and its
+        gradient w.r.t. :attr:`params`.
+
+        ``loss = -mean(log pi(a* | s)) + vf_coef * 0.5 * mean((V - R*)^2)``,
+        the second term only where ``mb`` has ``returns`` (the expert's reward,
+        a value target for the critic). Unlike :meth:`loss_and_grads` nothing
+        is normalised or clipped: every row's log-likelihood counts with weight
+        ``1 / B``, and there is no entropy bonus.
+
+        Args:
+            mb: ``obs``, ``device_mask``, ``discrete_masks``, ``shares`` and
+                ``choices`` as in the module docstring (the expert's action;
+                shares strictly inside the simplex of the usable devices, see
+                :func:`interior_shares`), optionally ``returns`` ``(B,)``.
+            normalized: ``mb["obs"]`` is already normalised.
+
+        Returns:
+            ``(loss, grads, stats)``; grads keyed like :attr:`params` (zero for
+            the critic without ``returns``); stats ``loss``, ``nll``,
+            ``value_loss``, ``share_error`` (mean absolute difference between
+            the Dirichlet mean and the expert's shares, summed over devices)
+            and ``choice_accuracy`` (fraction of discrete heads whose most
+            probable option is the expert's).
+        """
+        c = self.config
+        x, dm, masks = self._prep(mb["obs"], mb["device_mask"],
+                                  mb.get("discrete_masks"))
+        xn = x if normalized else self._normalize(x)
+        b = x.shape[0]
+        shares = np.asarray(mb["shares"], dtype=np.float64)
+        choices = np.asarray(mb["choices"], dtype=np.int64).reshape(b, -1)
+
+        out, cache_a = self.actor.forward(xn)
+        dirichlet, cats = self._dists(out, dm, masks)
+        logp = dirichlet.log_prob(shares)
+        hits = []
+        for h, cat in enumerate(cats):
+            logp = logp + cat.log_prob(choices[:, h])
+            hits.append(cat.mode() == choices[:, h])
+        nll = -float(np.mean(logp))
+
+        dlogp = np.full(b, -1.0 / b)
+        dout = np.zeros_like(out)
+        z = out[:, self._slices[0]]
+        dalpha = dirichlet.log_prob_backward_alpha(shares, dlogp)
+        dout[:, self._slices[0]] = concentration_backward(dalpha, z)
+        for h, (s, cat) in enumerate(zip(self._slices[1:], cats, strict=True)):
+            dout[:, s] = cat.log_prob_backward(choices[:, h], dlogp)
+        _, g_actor = self.actor.backward(dout, cache_a)
+
+        v_loss = 0.0
+        if mb.get("returns") is not None:
+            v, cache_c = self.critic.forward(xn)
+            err = v[:, 0] - np.asarray(mb["returns"], dtype=np.float64)
+            v_loss = 0.5 * float(np.mean(err**2))
+            _, g_critic = self.critic.backward((c.vf_coef * err / b)[:, None],
+                                               cache_c)
+        else:
+            g_critic = {k: np.zeros_like(v) for k, v in self.critic.params.items()}
+
+        loss = nll + c.vf_coef * v_loss
+        stats = {
+            "loss": loss, "nll": nll, "value_loss": v_loss,
+            "share_error": float(np.mean(np.abs(dirichlet.mean - shares).sum(
+                axis=1))),
+            "choice_accuracy": float(np.mean(hits)) if hits else 1.0,
+        }
+        grads = {**prefixed(g_actor, "actor"), **prefixed(g_critic, "critic")}
+        return loss, grads, stats
+
+    def imitation_update(self, batch: dict[str, Any], steps: int,
+                         minibatch_size: int | None = None) -> dict[str, float]:
+        """``steps`` Adam steps of :meth:`imitation_loss_and_grads` on
+        minibatches drawn from ``batch`` (reshuffled after every pass).
+
+        The batch is normalised with the current observation statistics and
+        they are left unchanged (merge the expert observations into
+        :attr:`obs_rms` first if they should shape them).
+
+        Args:
+            batch: as for :meth:`imitation_loss_and_grads`, ``B`` rows.
+            steps: gradient steps (0 returns empty statistics).
+            minibatch_size: rows per step (default ``config.minibatch_size``).
+
+        Returns:
+            Means over the steps of the loss statistics and ``grad_norm``, plus
+            ``steps``.
+        """
+        x, dm, masks = self._prep(batch["obs"], batch["device_mask"],
+                                  batch.get("discrete_masks"))
+        b = x.shape[0]
+        data: dict[str, Any] = {
+            "obs": self._normalize(x), "device_mask": dm, "discrete_masks": masks,
+            "shares": np.asarray(batch["shares"], dtype=np.float64),
+            "choices": np.asarray(batch["choices"], dtype=np.int64).reshape(b, -1),
+        }
+        if batch.get("returns") is not None:
+            data["returns"] = np.asarray(batch["returns"], dtype=np.float64)
+        mbs = max(1, min(minibatch_size or self.config.minibatch_size, b))
+        history: list[dict[str, float]] = []
+        order, start = self.rng.permutation(b), 0
+        for _ in range(int(steps)):
+            if start + mbs > b:
+                order, start = self.rng.permutation(b), 0
+            idx = order[start:start + mbs]
+            start += mbs
+            mb = {k: ([m[idx] for m in v] if k == "discrete_masks" else v[idx])
+                  for k, v in data.items()}
+            _, grads, stats = self.imitation_loss_and_grads(mb, normalized=True)
+            stats.update(self.optimizer.step(grads))
+            history.append(stats)
+        if not history:
+            return {"steps": 0.0}
+        out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        out["steps"] = float(len(history))
         return out
 
     # ------------------------------------------------------------------
