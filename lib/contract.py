@@ -369,9 +369,13 @@ class Decision:
 
     def with_hash(self, task: TaskSpec) -> Decision:
         """This decision with ``config_hash`` computed for ``task``."""
+        global _LAST_HASH
+        digest = config_hash(task, self)
         # the constructor, not dataclasses.replace: a third of the cost
-        return type(self)(self.gpus, self.shares, self.chunk, self.block,
-                          self.mode, self.comm_path, config_hash(task, self))
+        out = type(self)(self.gpus, self.shares, self.chunk, self.block,
+                         self.mode, self.comm_path, digest)
+        _LAST_HASH = (task, tuple(task.dims.items()), out, digest)
+        return out
 
     def describe(self) -> str:
         """Short human form: ``split gpus=[0,2] shares=[0.750,0.250] ...``."""
@@ -469,8 +473,20 @@ def canonical_json(task: TaskSpec, decision: Decision) -> str:
     )
 
 
+#: (task, its dims at the time, decision, digest) of the last
+#: :meth:`Decision.with_hash`: Gate 1 recomputing that same hash a moment later
+#: (the runtime's ``optimize``) gets it without a second SHA-256. Only the very
+#: object ``with_hash`` returned hits it; a Decision is frozen, so identity means
+#: the same fields, and the dims are compared because a dict can change.
+_LAST_HASH: tuple[TaskSpec, tuple, Decision, str] | None = None
+
+
 def config_hash(task: TaskSpec, decision: Decision) -> str:
     """SHA-256 hex digest of :func:`canonical_json` (anyone can recompute it)."""
+    memo = _LAST_HASH
+    if memo is not None and memo[2] is decision and memo[0] is task \
+            and memo[1] == tuple(task.dims.items()):
+        return memo[3]
     return hashlib.sha256(canonical_json(task, decision).encode()).hexdigest()
 
 

@@ -118,6 +118,47 @@ def physical_limit(task: TaskSpec, machine: Machine,
     return n / sum(rates) + latency
 
 
+def random_tasks(n: int, backend: str = "model", seed: int = 0) -> list[TaskSpec]:
+    """``n`` tasks of random kinds and log-uniform sizes over the ladders' range
+    (every one different: for latency, where a repeated task would be cached)."""
+    ladders = SIZES_MODEL if backend == "model" else SIZES_MEASURED
+    rng = np.random.default_rng((seed, 0x1A7E))
+    out = []
+    for _ in range(n):
+        kind = KINDS[int(rng.integers(len(KINDS)))]
+        small, large = ladders[kind]
+        f = float(rng.random())
+        out.append(TaskSpec(kind, {k: max(1, int(small[k] * (large[k] / small[k]) ** f
+                                                 * (1 + 0.01 * rng.random())))
+                                   if k not in ("T", "B") else small[k]
+                                   for k in small}))
+    return out
+
+
+def decision_latency(policy: Policy, machine: Machine,
+                     states: Sequence[Snapshot | None], n: int = 400,
+                     seed: int = 0) -> dict[str, float]:
+    """Latency of ``Agent.optimize`` (decide, hash, Gate 1) on fresh tasks.
+
+    Each of ``n`` different tasks is decided once per state, after a warm-up on
+    other tasks: what a runtime pays for a task it has not seen. MEASURED on
+    this computer, whatever the backend.
+    """
+    warm, fresh = random_tasks(20, seed=seed + 1), random_tasks(n, seed=seed)
+    lat = []
+    for snap in states:
+        agent = Agent(policy=policy, machine=machine, telemetry=snap)
+        for task in warm:
+            agent.optimize(task)
+        for task in fresh:
+            t0 = time.perf_counter()
+            agent.optimize(task)
+            lat.append(time.perf_counter() - t0)
+    us = np.asarray(lat) * 1e6
+    return {"p50_us": float(np.percentile(us, 50)),
+            "p99_us": float(np.percentile(us, 99)), "decisions": len(lat)}
+
+
 def geomean(x: Sequence[float]) -> float:
     """Geometric mean (nan for an empty sequence)."""
     return float(np.exp(np.mean(np.log(x)))) if len(x) else math.nan
@@ -226,6 +267,7 @@ class EvalReport:
     targets: list[Target]
     notes: list[str]
     seconds: float
+    latency: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -238,7 +280,7 @@ class EvalReport:
             "seconds": self.seconds, "table4": self.table4,
             "ablations": self.ablations, "transfer": self.transfer,
             "targets": [t.__dict__ | {"line": t.line()} for t in self.targets],
-            "notes": self.notes,
+            "latency": self.latency, "notes": self.notes,
             "rows": [{"policy": r.policy, "task": r.task.to_json(), "state": r.state,
                       "seconds": r.seconds, "equal_seconds": r.equal_seconds,
                       "optimum_seconds": r.optimum_seconds,
@@ -284,6 +326,11 @@ class EvalReport:
             lines += ["", f"Efficiency against the physical limit "
                           f"({self._headline_policy()}): median "
                           f"{statistics.median(effs):.2f}, min {min(effs):.2f}"]
+        if self.latency:
+            lines += ["", f"Decision latency of the learned policy (optimize incl. "
+                          f"Gate 1, fresh tasks, MEASURED on this computer): p50 "
+                          f"{self.latency['p50_us']:.0f} us, p99 "
+                          f"{self.latency['p99_us']:.0f} us"]
         lines += ["", "Targets"] + [t.line() for t in self.targets]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -382,10 +429,13 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
         if learned is not None and backend == "model" else []
     transfer = _transfer(learned, budget, seed, notes) \
         if learned is not None else []
+    latency = decision_latency(learned, machine, [s for _, s in _states(
+        machine, "model")], n=pick(budget, smoke=100, quick=400, full=1000),
+        seed=seed) if learned is not None else {}
     report = EvalReport(machine=machine.name, backend=backend, budget=budget,
                         seed=seed, measured=measured, rows=rows, table4=table4,
                         ablations=ablations, transfer=transfer, targets=[],
-                        notes=notes, seconds=0.0)
+                        notes=notes, seconds=0.0, latency=latency)
     report.targets = targets(report, machine)
     report.seconds = time.perf_counter() - start
     return report
@@ -598,12 +648,12 @@ def targets(report: EvalReport, machine: Machine) -> list[Target]:
                           f"as fast as proportional-to-peak on {frac:.0%} of tasks, "
                           f"{busy_ratio:.2f}x when busy {label}",
                           ">= 90 % and >= 1.05x"))
-        lat = [r.decide_us for r in rl]
-        p50, p99 = np.percentile(lat, 50), np.percentile(lat, 99)
+        p50, p99 = report.latency["p50_us"], report.latency["p99_us"]
         out.append(Target("T4", p50 <= 100 and p99 <= 1000,
                           f"decision latency p50 {p50:.0f} us, p99 {p99:.0f} us "
-                          "MEASURED (optimize incl. Gate 1)", "p50 <= 100 us, "
-                          "p99 <= 1000 us"))
+                          f"MEASURED on this computer (optimize incl. Gate 1, "
+                          f"{report.latency['decisions']} fresh tasks)",
+                          "p50 <= 100 us, p99 <= 1000 us"))
     else:
         for tid in ("T1", "T2", "T3", "T4"):
             out.append(Target(tid, False, "no learned policy evaluated", "-",

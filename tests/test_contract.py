@@ -252,3 +252,16 @@ def test_task_features_are_the_state_head(hetero4):
     encode_task(task, head)
     assert head.any()
     assert np.array_equal(head, encode_state(task, hetero4)[:TASK_FEATURES])
+
+
+def test_the_hash_memo_never_outlives_a_change():
+    task = TaskSpec("reduce", {"N": 1000})
+    d = Decision(gpus=(0,), shares=(1.0,), chunk=10, mode="single").with_hash(task)
+    assert config_hash(task, d) == d.config_hash
+    # another decision object with other fields: recomputed, not the memo
+    other = Decision(gpus=(1,), shares=(1.0,), chunk=10, mode="single",
+                     config_hash=d.config_hash)
+    assert config_hash(task, other) != d.config_hash
+    # the same decision, the task's dims changed in place: recomputed
+    task.dims["N"] = 999
+    assert config_hash(task, d) != d.config_hash
