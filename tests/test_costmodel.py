@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace as _replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lib.baselines import EqualSplit, ProportionalToPeak
 from lib.contract import Decision, TaskSpec
 from lib.costmodel import predict
+from lib.machines import GPU_CATALOG, machine_from_json
+from lib.security import check_decision
 from lib.telemetry import busy
 
 MATMUL = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
@@ -41,16 +46,6 @@ def test_zero_share_device_costs_nothing(hetero4):
     assert p.devices[1].total == 0.0 and p.devices[1].rows == 0
 
 
-def test_more_work_never_takes_less_time(hetero4):
-    d = Decision(gpus=(0, 1), shares=(0.5, 0.5), chunk=1024)
-    last = 0.0
-    for m in (256, 1024, 4096, 8192, 16384):
-        t = predict(TaskSpec("matmul", {"M": m, "N": 4096, "K": 4096}), d,
-                    hetero4).total
-        assert t >= last
-        last = t
-
-
 def test_busy_device_is_slower(hetero4):
     d = Decision(gpus=(0,), shares=(1.0,), chunk=8192, mode="single")
     idle_t = predict(MATMUL, d, hetero4).total
@@ -74,3 +69,92 @@ def test_sum_merge_paths_are_priced(hetero4):
         assert p.t_merge > 0 and math.isfinite(p.total)
         totals[path] = p.total
     assert len(set(totals.values())) == 3
+
+
+# -- invariants, property-tested --------------------------------------------------
+
+_KIND_DIMS = {
+    "matmul": lambda n: {"M": n, "N": 512, "K": 256},
+    "reduce": lambda n: {"N": n * 64},
+    "elementwise": lambda n: {"N": n * 64},
+    "stencil": lambda n: {"H": max(3, n), "W": 256, "T": 2},
+    "histogram": lambda n: {"N": n * 64, "B": 128},
+}
+
+
+@st.composite
+def _situations(draw):
+    models = draw(st.lists(st.sampled_from(sorted(GPU_CATALOG)), min_size=1,
+                           max_size=4))
+    machine = machine_from_json({"name": "m", "nccl": True,
+                                 "devices": [{"catalog": m} for m in models]})
+    kind = draw(st.sampled_from(sorted(_KIND_DIMS)))
+    task = TaskSpec(kind, _KIND_DIMS[kind](draw(st.integers(3, 1 << 14))),
+                    dtype=draw(st.sampled_from(["fp32", "fp16"]))
+                    if kind in ("matmul", "elementwise") else "fp32")
+    k = draw(st.integers(1, machine.n))
+    gpus = tuple(draw(st.permutations(range(machine.n)))[:k])
+    weights = draw(st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k)
+                   .filter(lambda w: sum(w) > 0))
+    shares = [w / sum(weights) for w in weights]
+    shares[-1] = 1.0 - sum(shares[:-1])
+    mode = draw(st.sampled_from(["split", "pipelined"])) if k > 1 else "single"
+    chunk = draw(st.integers(1, task.split_size))
+    util = draw(st.lists(st.sampled_from([0.0, 0.3, 0.9]), min_size=machine.n,
+                         max_size=machine.n))
+    d = Decision(gpus=gpus, shares=tuple(shares), chunk=chunk, mode=mode,
+                 comm_path=draw(st.sampled_from(["host", "nccl"])) if k > 1
+                 else "host")
+    return task, d.with_hash(task), machine, busy(machine, util)
+
+
+_PROPS = settings(max_examples=150, deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow])
+
+
+@_PROPS
+@given(_situations())
+def test_prediction_is_finite_and_positive_for_every_legal_decision(case):
+    task, d, machine, snap = case
+    if not check_decision(d, task, machine, snap).accepted:
+        return
+    p = predict(task, d, machine, snap)
+    assert math.isfinite(p.total) and p.total > 0
+    assert all(math.isfinite(x.total) and x.total >= 0 for x in p.devices)
+
+
+@_PROPS
+@given(_situations())
+def test_a_device_with_no_share_costs_nothing(case):
+    task, d, machine, snap = case
+    if len(d.gpus) < 2:
+        return
+    zeroed = (0.0,) + tuple(s / (1 - d.shares[0]) if d.shares[0] < 1 else 0.0
+                            for s in d.shares[1:])
+    if sum(zeroed) == 0:
+        return
+    p = predict(task, _replace(d, shares=zeroed), machine, snap)
+    assert p.devices[0].rows == 0 and p.devices[0].total == 0.0
+
+
+@_PROPS
+@given(_situations(), st.integers(2, 8))
+def test_more_work_never_takes_less_time(case, factor):
+    task, d, machine, snap = case
+    first = next(iter(task.dims))
+    bigger = TaskSpec(task.kind, {**task.dims, first: task.dims[first] * factor},
+                      dtype=task.dtype)
+    small = predict(task, d, machine, snap).total
+    big = predict(bigger, _replace(d, chunk=d.chunk * factor), machine, snap).total
+    assert big >= small * (1 - 1e-12)
+
+
+@_PROPS
+@given(_situations(), st.floats(1.0, 8.0))
+def test_a_faster_link_never_slows_a_transfer(case, speedup):
+    task, d, machine, snap = case
+    faster = _replace(machine, host_links=tuple(
+        _replace(link, bandwidth=link.bandwidth * speedup)
+        for link in machine.host_links))
+    assert predict(task, d, faster, snap).total \
+        <= predict(task, d, machine, snap).total * (1 + 1e-12)
