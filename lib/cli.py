@@ -395,16 +395,54 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 # -- bench ------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from lib.costmodel.optimum import benchmark
+    """Benchmarks that print figures (MEASURED wall clock on this computer)."""
+    out: dict[str, Any] = {}
+    lines = ["benchmarks, MEASURED wall clock on this computer (the times the "
+             "optimum and the environment compute are PREDICTED):"]
+    want = set(args.what)
+    if "optimum" in want:
+        from lib.costmodel.optimum import benchmark
 
-    rows = benchmark(repeats=args.repeats)
-    lines = ["exhaustive optimum search time, MEASURED on this machine "
-             "(wall clock; the searched times themselves are PREDICTED):",
-             f"  {'devices':>7} {'median':>10} {'p90':>10} {'candidates':>11}"]
-    lines += [f"  {r['devices']:>7} {r['median_ms']:>7.2f} ms {r['p90_ms']:>7.2f} ms "
-              f"{r['candidates']:>11}" for r in rows]
-    lines.append("  goal: under 50 ms for 8 devices")
-    _emit(args, {"optimum": rows}, "\n".join(lines))
+        rows = benchmark(repeats=args.repeats)
+        out["optimum"] = rows
+        lines.append("exhaustive optimum search (goal: under 50 ms for 8 devices)")
+        lines += [f"  {r['devices']} devices: median {r['median_ms']:.2f} ms, p90 "
+                  f"{r['p90_ms']:.2f} ms, {r['candidates']} candidates"
+                  for r in rows]
+    if "cache" in want:
+        from lib.codegen import cache_hit_benchmark
+
+        hit = cache_hit_benchmark(repeats=max(20, args.repeats * 10), quiet=True)
+        out["cache_hit"] = hit
+        lines.append(f"kernel cache hit, verify + load (goal: under 1 ms): p50 "
+                     f"{hit['p50_ms']:.2f} ms, p90 {hit['p90_ms']:.2f} ms")
+    if "env" in want:
+        from lib.env import env_steps_per_second
+
+        env = env_steps_per_second(n_steps=max(200, args.repeats * 50))
+        out["env"] = env
+        lines.append(f"environment steps per second (model backend): single "
+                     f"{env['single_steps_per_s']:.0f}, batch of {env['batch']} "
+                     f"{env['batch_steps_per_s']:.0f}")
+    if "ppo" in want:
+        from lib.agent.bench import benchmark_update
+
+        secs = benchmark_update(verbose=False)
+        out["ppo_update_s"] = secs
+        lines.append(f"PPO update on a batch of 2048: {secs:.2f} s")
+    if "latency" in want:
+        from lib.evaluation import decision_latency
+        from lib.runtime import default_policy
+        from lib.telemetry import idle
+
+        machine = load_machine("hetero-4")
+        lat = decision_latency(default_policy(), machine, [idle(machine)],
+                               n=max(100, args.repeats * 20))
+        out["decision_latency"] = lat
+        lines.append(f"decision latency, optimize incl. Gate 1 on fresh tasks "
+                     f"(goal: p50 <= 100 us, p99 <= 1 ms): p50 {lat['p50_us']:.0f} "
+                     f"us, p99 {lat['p99_us']:.0f} us")
+    _emit(args, out, "\n".join(lines))
     return 0
 
 
@@ -573,8 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("bench", help="benchmarks that print figures "
-                                     "(the optimum's search time)")
+    p = sub.add_parser("bench", help="benchmarks that print figures: optimum "
+                                     "search, cache hit, env steps/s, PPO update, "
+                                     "decision latency")
+    p.add_argument("--what", nargs="+", default=["optimum", "cache", "env", "ppo",
+                                                 "latency"],
+                   choices=("optimum", "cache", "env", "ppo", "latency"))
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
