@@ -60,7 +60,13 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
     """Execute every notebook and build the HTML; return ``_build/html``."""
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}")
+    from lib.machines import load_machine
+
+    load_machine(machine)  # an unknown machine fails here, in one line
     root = root or book_root()
+    if not (root / "_config.yml").is_file() or not (root / "notebooks").is_dir():
+        raise BookError(f"no book here: {root} has no _config.yml and notebooks/; "
+                        "run gpuhive book (or make book) in the project's folder")
     stage = root / "_build" / "book-src"
     if stage.exists():
         shutil.rmtree(stage)

@@ -381,6 +381,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lib.evaluation import evaluate
 
+    if args.policy and not Path(args.policy).is_file():
+        raise UsageError(f"policy file {args.policy} does not exist")
     report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,
                       policy_path=args.policy, progress=not args.json)
     if args.markdown:

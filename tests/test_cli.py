@@ -198,3 +198,14 @@ def test_codegen_without_a_model_is_one_line_and_exit_2():
     p = gpuhive("codegen", "--kind", "reduce", "--dim", "N=1000", "--provider",
                 "openai")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_book_and_evaluate_refuse_bad_input_in_one_line(tmp_path):
+    p = gpuhive("book", "--machine", "nope", "--no-html")
+    assert p.returncode == 2 and "unknown machine 'nope'" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "lib.cli", "book", "--no-html"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 1 and "no book here" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    p = gpuhive("evaluate", "--policy", str(tmp_path / "none.npz"))
+    assert p.returncode == 2 and "does not exist" in p.stderr
