@@ -329,7 +329,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 # -- security-audit ---------------------------------------------------------
 
 def cmd_security_audit(args: argparse.Namespace) -> int:
-    from lib.security.audit import run_audit
+    from lib.audit import run_audit
 
     report = run_audit(repeats=args.repeats, seed=args.seed)
     if args.json:

@@ -658,7 +658,7 @@ def targets(report: EvalReport, machine: Machine) -> list[Target]:
         for tid in ("T1", "T2", "T3", "T4"):
             out.append(Target(tid, False, "no learned policy evaluated", "-",
                               "a target that cannot be checked does not pass"))
-    from lib.security.audit import run_audit
+    from lib.audit import run_audit
 
     audit = run_audit(repeats=1)
     ok = audit.recall == 1.0 and audit.intended_accuracy == 1.0 \
