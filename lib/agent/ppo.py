@@ -248,6 +248,16 @@ class PPOAgent:
     # ------------------------------------------------------------------
     # Acting
 
+    def _unpack(self, mb: dict[str, Any], normalized: bool):
+        """A minibatch's arrays: normalised observations, device and discrete
+        masks, the taken shares ``(b, n)`` and discrete choices ``(b, heads)``."""
+        x, dm, masks = self._prep(mb["obs"], mb["device_mask"],
+                                  mb.get("discrete_masks"))
+        xn = x if normalized else self._normalize(x)
+        shares = np.asarray(mb["shares"], dtype=np.float64)
+        choices = np.asarray(mb["choices"], dtype=np.int64).reshape(x.shape[0], -1)
+        return xn, dm, masks, shares, choices
+
     def _prep(self, obs: np.ndarray, device_mask: np.ndarray | None,
               discrete_masks: Sequence[np.ndarray] | None
               ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
@@ -354,12 +364,8 @@ class PPOAgent:
             ``(loss, grads, stats)``; grads keyed like :attr:`params`.
         """
         c = self.config
-        x, dm, masks = self._prep(mb["obs"], mb["device_mask"],
-                                  mb.get("discrete_masks"))
-        xn = x if normalized else self._normalize(x)
-        b = x.shape[0]
-        shares = np.asarray(mb["shares"], dtype=np.float64)
-        choices = np.asarray(mb["choices"], dtype=np.int64).reshape(b, -1)
+        xn, dm, masks, shares, choices = self._unpack(mb, normalized)
+        b = xn.shape[0]
         adv = np.asarray(mb["advantages"], dtype=np.float64)
         if c.normalize_advantages and b > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -481,12 +487,8 @@ class PPOAgent:
             probable option is the expert's).
         """
         c = self.config
-        x, dm, masks = self._prep(mb["obs"], mb["device_mask"],
-                                  mb.get("discrete_masks"))
-        xn = x if normalized else self._normalize(x)
-        b = x.shape[0]
-        shares = np.asarray(mb["shares"], dtype=np.float64)
-        choices = np.asarray(mb["choices"], dtype=np.int64).reshape(b, -1)
+        xn, dm, masks, shares, choices = self._unpack(mb, normalized)
+        b = xn.shape[0]
 
         out, cache_a = self.actor.forward(xn)
         dirichlet, cats = self._dists(out, dm, masks)
