@@ -7,6 +7,7 @@ says which, so a modelled number is never mistaken for a measurement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -106,3 +107,26 @@ class Backend(Protocol):
             verify: bool = False) -> Result: ...
 
     def close(self) -> None: ...
+
+
+def repeat_timed(once: Callable[[], tuple[Any, dict[int, float], float]],
+                 warmup: int, repeats: int
+                 ) -> tuple[Any, dict[int, list[float]], list[float]]:
+    """Run ``once`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    ``once()`` returns ``(result, per-device seconds, total seconds)``; the
+    backend measures the total itself, so it decides what belongs to the run.
+
+    Returns:
+        ``(last result, device -> seconds of each timed run, totals)``.
+    """
+    per_dev: dict[int, list[float]] = {}
+    totals: list[float] = []
+    result = None
+    for rep in range(warmup + repeats):
+        result, times, total = once()
+        if rep >= warmup:
+            totals.append(total)
+            for g, t in times.items():
+                per_dev.setdefault(g, []).append(t)
+    return result, per_dev, totals

@@ -38,6 +38,7 @@ from lib.execution.base import (
     ExecutionError,
     ExecutionMetrics,
     Result,
+    repeat_timed,
 )
 from lib.machines import Machine
 from lib.workloads import split_rows, workload
@@ -219,23 +220,21 @@ class CpuBackend:
                 shape = (len(decision.gpus), *w.output_shape(task, 1))
             out_desc = (str(Path(root) / "out.bin"), w.output_dtype(task).str, shape)
             out = np.memmap(out_desc[0], dtype=out_desc[1], mode="w+", shape=shape)
-            totals, per_dev = [], {decision.gpus[p]: [] for p in active}
-            for rep in range(self.warmup + self.repeats):
+
+            def once():
                 start = time.perf_counter()
                 times = self._dispatch(task, decision, bounds, active, descs,
                                        out_desc)
                 if task.merge == "sum":
-                    result = w.merge(task, [out[p] for p in active])
+                    merged = w.merge(task, [out[p] for p in active])
                 # Concat shards already sit in place in the host buffer: the
-                # copy out of the temporary mapping below is not part of the run.
+                # copy out of the temporary mapping is not part of the run.
                 elapsed = time.perf_counter() - start
                 if task.merge == "concat":
-                    result = np.array(out)
-                if rep >= self.warmup:
-                    totals.append(elapsed)
-                    for g, t in times.items():
-                        per_dev[g].append(t)
-            del out
+                    merged = np.array(out)
+                return merged, times, elapsed
+
+            result, per_dev, totals = repeat_timed(once, self.warmup, self.repeats)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         ok, err = None, None

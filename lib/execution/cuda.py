@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,6 +46,7 @@ from lib.execution.base import (
     ExecutionError,
     ExecutionMetrics,
     Result,
+    repeat_timed,
 )
 from lib.machines import Machine
 from lib.workloads import Arrays, round_bf16, split_rows, workload
@@ -246,20 +248,12 @@ class CudaBackend:
                       detail=detail)
 
     def _timed(self, task: TaskSpec, decision: Decision, inputs: Arrays):
-        import time
-
-        per_dev: dict[int, list[float]] = {}
-        totals: list[float] = []
-        result = None
-        for rep in range(self.warmup + self.repeats):
+        def once():
             start = time.perf_counter()
             result, times = self._once(task, decision, inputs)
-            elapsed = time.perf_counter() - start
-            if rep >= self.warmup:
-                totals.append(elapsed)
-                for g, t in times.items():
-                    per_dev.setdefault(g, []).append(t)
-        return result, per_dev, totals
+            return result, times, time.perf_counter() - start
+
+        return repeat_timed(once, self.warmup, self.repeats)
 
     def _once(self, task: TaskSpec, decision: Decision, inputs: Arrays):
         """One run: queue every shard, wait, merge. Returns (result, times)."""
