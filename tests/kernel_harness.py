@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from lib import contract
 from lib.codegen import emulate, specialise
 from lib.codegen.emulate import (  # noqa: F401  (re-exported for the tests)
     BUILDS,
@@ -62,19 +63,15 @@ EMU_DIR = Path(__file__).resolve().parent / "emu"
 """The tests' own emulator fixtures (``canary.cu``); the emulator itself is in
 :data:`lib.codegen.emulate.EMU_DIR`."""
 
-KINDS = ("matmul", "reduce", "elementwise", "stencil", "histogram")
+KINDS = contract.KINDS
 """Every workload kind; kernels/<kind>.cu holds its entry points."""
 
 ARCHS = (75, 80, 90)
 """Compute capabilities every kernel must compile for (Turing, Ampere, Hopper)."""
 
 
-def kernel_source(kind: str) -> Path:
-    """Path of ``kernels/<kind>.cu``; raises if ``kind`` has no source."""
-    path = KERNELS_DIR / f"{kind}.cu"
-    if not path.is_file():
-        raise FileNotFoundError(f"no kernel source for kind {kind!r} at {path}")
-    return path
+kernel_source = specialise.kernel_path
+"""Path of ``kernels/<kind>.cu`` (the code-gen plane's own lookup)."""
 
 
 def entry_points(kind: str) -> list[str]:
