@@ -1,5 +1,8 @@
-"""Helpers the notebooks share: where figures go, how titles are labelled, and
-the recorder that writes each notebook's headline numbers.
+"""The book: the helpers its notebooks share, and the build that executes them.
+
+Helpers: where figures go, how titles are labelled, and the recorder that
+writes each notebook's headline numbers. Build: :func:`build_book` (what
+``gpuhive book`` and ``make book`` run).
 
 Notebooks tell, ``lib`` does: a notebook calls these so that every figure is a
 file under ``figures/<machine>/`` with a title that says MEASURED or PREDICTED,
@@ -9,13 +12,17 @@ the book read without scraping output.
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-BUDGETS = ("smoke", "quick", "full")
+from lib.budgets import check_budget
+from lib.platform.machines import load_machine
+from lib.storage import write_json_atomic
 
 
 def book_root(start: Path | None = None) -> Path:
@@ -49,14 +56,6 @@ def save_figure(fig: Any, machine: str, name: str) -> Path:
     return path
 
 
-def pick(budget: str, smoke: Any, quick: Any, full: Any) -> Any:
-    """The value for ``budget`` (``smoke`` seconds, ``quick`` minutes, ``full``)."""
-    if budget not in BUDGETS:
-        raise ValueError(f"unknown budget {budget!r}; expected one of "
-                         f"{', '.join(BUDGETS)}")
-    return {"smoke": smoke, "quick": quick, "full": full}[budget]
-
-
 def records_dir(machine: str) -> Path:
     """Where :func:`record` writes (``$GPUHIVE_RECORD_DIR`` or the build folder)."""
     base = os.environ.get("GPUHIVE_RECORD_DIR")
@@ -72,7 +71,88 @@ def record(notebook: str, values: dict[str, Any], *, machine: str, backend: str,
     payload = {"notebook": notebook, "machine": machine, "backend": backend,
                "budget": budget, "seed": seed,
                "written": time.strftime("%Y-%m-%dT%H:%M:%S"), "values": values}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=float))
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(payload, path, indent=2, default=float)
+
+
+# --------------------------------------------------------------------------
+# The build: papermill, then Jupyter Book
+#
+# 1. every ``notebooks/m*.ipynb`` is executed by papermill with the four
+#    parameters (machine, backend, budget, seed) into a staging copy of the book
+#    under ``_build/book-src/`` -- the sources in ``notebooks/`` stay clean;
+# 2. Jupyter Book 1.x builds ``_build/html`` from the staging copy with
+#    ``execute_notebooks: "off"``, warnings treated as errors. No network.
+
+class BookError(RuntimeError):
+    """A notebook failed or the HTML build reported warnings."""
+
+
+def notebooks(root: Path) -> list[Path]:
+    """The milestone notebooks, in order."""
+    return sorted((root / "notebooks").glob("m*.ipynb"))
+
+
+def execute_notebook(source: Path, output: Path, *, machine: str, backend: str,
+                     budget: str, seed: int, cwd: Path,
+                     timeout: int = 1800) -> float:
+    """Run one notebook with papermill; return the seconds it took."""
+    import papermill
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(source), str(output),
+            parameters={"machine": machine, "backend": backend, "budget": budget,
+                        "seed": seed},
+            cwd=str(cwd), kernel_name="python3", progress_bar=False,
+            execution_timeout=timeout,
+        )
+    except papermill.PapermillExecutionError as exc:
+        raise BookError(f"notebook {source.name} failed in cell "
+                        f"{exc.exec_count}: {exc.ename}: {exc.evalue}") from None
+    return time.perf_counter() - start
+
+
+def build_book(machine: str = "hetero-4", backend: str = "model",
+               budget: str = "quick", seed: int = 0, html: bool = True,
+               root: Path | None = None) -> Path:
+    """Execute every notebook and build the HTML; return ``_build/html``."""
+    check_budget(budget)
+    load_machine(machine)  # an unknown machine fails here, in one line
+    root = root or book_root()
+    if not (root / "_config.yml").is_file() or not (root / "notebooks").is_dir():
+        raise BookError(f"no book here: {root} has no _config.yml and notebooks/; "
+                        "run gpuhive book (or make book) in the project's folder")
+    stage = root / "_build" / "book-src"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(root / name, stage / name)
+    shutil.copytree(root / "book", stage / "book")
+    # chapters show real code with literalinclude ../lib/...
+    shutil.copytree(root / "lib", stage / "lib",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+    os.environ.setdefault("GPUHIVE_RECORD_DIR",
+                          str(root / "_build" / "records" / machine))
+    found = notebooks(root)
+    for i, nb in enumerate(found, 1):
+        print(f"[{i}/{len(found)}] executing {nb.name} (machine={machine}, "
+              f"backend={backend}, budget={budget}) ...", flush=True)
+        secs = execute_notebook(nb, stage / "notebooks" / nb.name, machine=machine,
+                                backend=backend, budget=budget, seed=seed, cwd=root)
+        print(f"      done in {secs:.1f} s", flush=True)
+    if not html:
+        return stage
+    print("building HTML with Jupyter Book ...", flush=True)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage),
+           "--path-output", str(root), "-W", "-n", "--keep-going"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise BookError(f"jupyter-book build failed:\n{tail}")
+    out = root / "_build" / "html"
+    print(f"book: {out / 'index.html'}")
+    return out

@@ -19,17 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lib.baselines import BASELINES, Policy, ProportionalToPeak
 from lib.contract import Decision, TaskSpec
 from lib.execution import Backend, Result, get_backend
-from lib.machines import Machine, load_machine
+from lib.platform.machines import Machine, load_machine
+from lib.platform.telemetry import Snapshot
+from lib.policies.baselines import BASELINES, Policy, ProportionalToPeak
 from lib.security import Verdict, check_decision
-from lib.telemetry import Snapshot
 
 
 def default_policy() -> Policy:
     """The shipped learned policy, or proportional-to-peak without one."""
-    from lib.agent.policy import PolicyFormatError, load_policy
+    from lib.policies.learned import PolicyFormatError, load_policy
 
     try:
         return load_policy()
@@ -38,7 +38,7 @@ def default_policy() -> Policy:
 
 
 def _oracle() -> Policy:
-    from lib.costmodel.optimum import Oracle
+    from lib.policies.oracle import Oracle
 
     return Oracle()
 
@@ -70,9 +70,9 @@ class Agent:
     Args:
         policy: anything with ``decide(task, machine, telemetry) -> Decision``;
             default the shipped learned policy (trained for ``hetero-4``; see
-            :func:`lib.agent.policy.load_policy`), or proportional-to-peak where
+            :func:`lib.policies.learned.load_policy`), or proportional-to-peak where
             no policy file ships.
-        machine: a profile name or a :class:`~lib.machines.Machine`.
+        machine: a profile name or a :class:`~lib.platform.machines.Machine`.
         backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
         telemetry: live state handed to the policy and to Gate 1.
         backend_options: passed to the backend (``seed``, ``repeats``...).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lib.machines import load_machine
+from lib.platform.machines import load_machine
 
 
 def pytest_configure(config):
@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:
         return
-    from lib.cudastack import probe
+    from lib.platform.cudastack import probe
 
     found = probe()
     if found.usable:

@@ -1,4 +1,4 @@
-"""Exact masked cases, sampling, special functions and small numerics of lib.agent."""
+"""Exact masked cases, sampling, special functions and numerics of lib.learners."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.agent.distributions import (
+from lib.learners.distributions import (
     MaskedCategorical,
     MaskedDirichlet,
     digamma,
     lgamma,
     trigamma,
 )
-from lib.agent.nn import (
+from lib.learners.nn import (
     Adam,
     AdamConfig,
     clip_by_global_norm,
     masked_softmax_forward,
     orthogonal_init,
 )
-from lib.agent.normalize import RunningMeanStd
+from lib.learners.normalize import RunningMeanStd
 
 EULER = 0.5772156649015329
 

@@ -1,4 +1,4 @@
-"""Centred finite-difference checks of every hand-written gradient in lib.agent.
+"""Centred finite-difference checks of every hand-written gradient in lib.learners.
 
 All in float64, away from kinks (ReLU at 0, the PPO clip at 1 +- eps). The
 relative error is ``max |analytic - numeric| / max(|analytic|, |numeric|)`` over
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from lib.agent.distributions import (
+from lib.learners.distributions import (
     MaskedCategorical,
     MaskedDirichlet,
     concentration_backward,
@@ -22,7 +22,7 @@ from lib.agent.distributions import (
     lgamma,
     trigamma,
 )
-from lib.agent.nn import (
+from lib.learners.nn import (
     MLP,
     affine_backward,
     affine_forward,
@@ -33,8 +33,8 @@ from lib.agent.nn import (
     tanh_backward,
     tanh_forward,
 )
-from lib.agent.ppo import PPOAgent, PPOConfig, interior_shares
-from lib.agent.td3 import TD3Agent, TD3Config
+from lib.learners.ppo import PPOAgent, PPOConfig, interior_shares
+from lib.learners.td3 import TD3Agent, TD3Config
 
 TOL = 1e-6
 

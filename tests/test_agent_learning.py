@@ -1,4 +1,4 @@
-"""Learning sanity checks (each could fail) and policy files of lib.agent."""
+"""Learning sanity checks (each could fail) and policy files of lib.learners."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from lib.agent import Learner, PolicyFormatError, PPOAgent, PPOConfig, gae
-from lib.agent.bandit import BanditConfig, ShareBandit, log_speedup
-from lib.agent.ppo import interior_shares
-from lib.agent.td3 import TD3Agent, TD3Config
-from lib.agent.toy import SpeedShareProblem, evaluate, train_ppo
+from lib.learners import Learner, PolicyFormatError, PPOAgent, PPOConfig, gae
+from lib.learners.bandit import BanditConfig, ShareBandit, log_speedup
+from lib.learners.ppo import interior_shares
+from lib.learners.td3 import TD3Agent, TD3Config
+from lib.learners.toy import SpeedShareProblem, evaluate, train_ppo
 
 # --------------------------------------------------------------------------
 # GAE

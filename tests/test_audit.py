@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from lib import audit
+from lib.evaluation import audit
 from lib.security import gate1, scan, seal
 from lib.security.verdict import Verdict, Violation
 

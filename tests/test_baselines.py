@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from lib.baselines import (
+from lib.contract import TaskSpec
+from lib.costmodel import predict
+from lib.platform.machines import load_machine
+from lib.platform.telemetry import busy
+from lib.policies.baselines import (
     BASELINES,
     HeftGreedy,
     ProportionalToLive,
@@ -13,12 +17,8 @@ from lib.baselines import (
     SingleBest,
     get_policy,
 )
-from lib.contract import TaskSpec
-from lib.costmodel import predict
-from lib.machines import load_machine
 from lib.runtime import POLICIES, make_policy
 from lib.security import check_decision
-from lib.telemetry import busy
 
 SEVEN = [name for name in POLICIES if name != "rl"]
 

@@ -8,8 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lib.baselines import decision_from_weights
-from lib.contract import TaskSpec
+from lib.contract import TaskSpec, decision_from_weights
 from lib.costmodel.calibrate import (
     CalibrationError,
     _FastModel,
@@ -27,7 +26,7 @@ from lib.costmodel.calibrate import (
     spearman,
 )
 from lib.costmodel.model import default_params, predict
-from lib.machines import load_machine
+from lib.platform.machines import load_machine
 
 #: What the synthetic machine "really" does (binding roofline terms only).
 TRUTH = {("compute_eff", ("cpu", "matmul")): 1.6,

@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from lib.characterise import (
-    BUDGETS,
+from lib.contract import KINDS, Decision, TaskSpec
+from lib.execution.characterise import (
+    CHARACTERISATION_PLANS,
     CharacterisationError,
     characterise,
     write_characterisation,
 )
-from lib.contract import KINDS, Decision, TaskSpec
-from lib.workloads import workload
+from lib.platform.workloads import workload
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
                                 reason="the cpu backend pins workers (Linux only)")
@@ -50,7 +50,7 @@ def _numbers(obj, path=""):
 
 
 def test_smoke_budget_spans_two_orders_of_work():
-    for budget in BUDGETS.values():
+    for budget in CHARACTERISATION_PLANS.values():
         for kind in KINDS:
             works = []
             for dims in budget.sizes[kind]:

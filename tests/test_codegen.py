@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from llm_stub import LLMStub
 
+from lib.cli.codegen import generate_for_cli
 from lib.codegen import (
     CodeGenerator,
     CodegenError,
     KernelCache,
     extract_code,
-    generate_for_cli,
     render_template,
     single_kernel,
 )

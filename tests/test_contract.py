@@ -10,20 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lib.contract import (
+from lib.contract import ContractError, Decision, TaskSpec, canonical_json, config_hash
+from lib.platform.telemetry import busy
+from lib.policies.observation import (
     DEVICE_FEATURES,
     STATE_DIM,
     STATE_FIELDS,
     TASK_FEATURES,
-    ContractError,
-    Decision,
-    TaskSpec,
-    canonical_json,
-    config_hash,
     encode_state,
     encode_task,
 )
-from lib.telemetry import busy
 
 TASK_JSON = {"kind": "matmul", "dims": {"M": 8192, "N": 8192, "K": 8192},
              "dtype": "fp32", "divisible_dim": 0, "merge": "concat"}

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lib.baselines import EqualSplit, ProportionalToPeak
 from lib.contract import Decision, TaskSpec
 from lib.costmodel import predict
-from lib.machines import GPU_CATALOG, machine_from_json
+from lib.platform.machines import GPU_CATALOG, machine_from_json
+from lib.platform.telemetry import busy
+from lib.policies.baselines import EqualSplit, ProportionalToPeak
 from lib.security import check_decision
-from lib.telemetry import busy
 
 MATMUL = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lib.baselines import EqualSplit
 from lib.contract import Decision, TaskSpec
 from lib.execution import BackendUnavailable, ExecutionError, get_backend
 from lib.execution.cuda import (
@@ -19,7 +18,8 @@ from lib.execution.cuda import (
     replan,
     to_device_dtype,
 )
-from lib.workloads import round_bf16
+from lib.platform.workloads import round_bf16
+from lib.policies.baselines import EqualSplit
 
 
 def test_entry_points_follow_the_kernels():
@@ -82,7 +82,7 @@ def test_without_cuda_the_backend_says_why(hetero4):
 
 
 def test_sweep_runs_every_kind_on_local_cpu(tmp_path):
-    from lib.execution.sweep import sweep
+    from lib.cli.sweep import sweep
 
     out = tmp_path / "sweep.json"
     report = sweep("local-cpu", "cpu", scale=0.02, repeats=1, out=out)
@@ -109,7 +109,7 @@ GPU_TASKS = [
 @pytest.mark.parametrize("task", GPU_TASKS, ids=lambda t: t.describe())
 @pytest.mark.parametrize("mode", ["split", "pipelined"])
 def test_cuda_runs_verify(task, mode):
-    from lib.machines import load_machine
+    from lib.platform.machines import load_machine
 
     machine = load_machine("nvml")
     d = EqualSplit().decide(task, machine)
@@ -126,7 +126,7 @@ def test_cuda_runs_verify(task, mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["host", "p2p", "nccl"])
 def test_cuda_sum_merge_paths(path):
-    from lib.machines import load_machine
+    from lib.platform.machines import load_machine
 
     machine = load_machine("nvml")
     if machine.n < 2 and path != "host":

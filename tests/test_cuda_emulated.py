@@ -21,7 +21,7 @@ from lib.codegen.emulate import find_cxx
 from lib.contract import Decision, TaskSpec
 from lib.execution.base import DeviceError
 from lib.execution.cuda import CudaBackend, chunk_bounds, default_source_provider
-from lib.workloads import round_bf16, split_rows, workload
+from lib.platform.workloads import round_bf16, split_rows, workload
 
 pytestmark = pytest.mark.skipif(
     find_cxx() is None, reason="no C++ compiler (g++ or clang++) for emulated kernels"

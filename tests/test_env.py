@@ -13,9 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lib.env as env_pkg
-from lib.baselines import EqualSplit, ProportionalToPeak
-from lib.contract import STATE_FIELDS, Decision, TaskSpec
-from lib.costmodel.optimum import optimum
+from lib.contract import Decision, TaskSpec
 from lib.env import (
     BLOCKS,
     HELD_OUT_MODELS,
@@ -32,15 +30,19 @@ from lib.env import (
     sample_task,
     unflatten_observation,
 )
-from lib.env.spaces import (
+from lib.evaluation.bench import env_steps_per_second
+from lib.execution import BackendUnavailable, ModelBackend
+from lib.platform.workloads import workload
+from lib.policies.actions import (
     SINGLE,
     decision_from_weights_row,
     project_share_row,
     project_shares,
 )
-from lib.execution import BackendUnavailable, ModelBackend
+from lib.policies.baselines import EqualSplit, ProportionalToPeak
+from lib.policies.observation import STATE_FIELDS
+from lib.policies.oracle import optimum
 from lib.security import check_decision
-from lib.workloads import workload
 
 FIELDS = [name for name, _ in STATE_FIELDS]
 
@@ -470,7 +472,7 @@ def test_cpu_backend_on_gpu_profile_is_unavailable():
 
 
 def test_smoke_benchmark_prints_figures():
-    figures = env_pkg.env_steps_per_second(n_steps=200, batch=16)
+    figures = env_steps_per_second(n_steps=200, batch=16)
     print(f"\nenv steps/s (model backend, PREDICTED): single "
           f"{figures['single_steps_per_s']:.0f}, batch of {figures['batch']} "
           f"{figures['batch_steps_per_s']:.0f}")

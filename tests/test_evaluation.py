@@ -8,16 +8,16 @@ import math
 import pytest
 
 from lib.contract import KINDS
-from lib.costmodel.optimum import optimum
-from lib.evaluation import (
+from lib.evaluation.harness import (
     bootstrap_ci,
     evaluate,
     geomean,
     physical_limit,
     task_set,
 )
-from lib.telemetry import busy
-from lib.workloads import workload
+from lib.platform.telemetry import busy
+from lib.platform.workloads import workload
+from lib.policies.oracle import optimum
 
 
 def _work(task):

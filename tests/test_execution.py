@@ -7,7 +7,6 @@ import signal
 
 import pytest
 
-from lib.baselines import EqualSplit
 from lib.contract import Decision, TaskSpec
 from lib.execution import (
     BackendUnavailable,
@@ -16,6 +15,7 @@ from lib.execution import (
     ExecutionError,
     get_backend,
 )
+from lib.policies.baselines import EqualSplit
 
 SMALL = {
     "matmul": {"M": 203, "N": 64, "K": 48},

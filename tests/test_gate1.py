@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib.contract import Decision, TaskSpec
+from lib.platform.telemetry import Snapshot, busy
+from lib.platform.workloads import split_rows, workload
 from lib.security import check_decision
-from lib.telemetry import Snapshot, busy
-from lib.workloads import split_rows, workload
 
 TASK = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lib.machines import (
+from lib.platform.machines import (
     GPU_CATALOG,
     MachineError,
     list_machines,

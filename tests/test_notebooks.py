@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.bookbuild import execute_notebook
+from lib.book import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("m*.ipynb"))

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lib.baselines import EqualSplit, ProportionalToPeak
 from lib.contract import Decision, TaskSpec
 from lib.costmodel import predict
 from lib.costmodel.model import split_time_coefficients
-from lib.costmodel.optimum import equalised_rows, optimum
-from lib.machines import GPU_CATALOG, machine_from_json
+from lib.platform.machines import GPU_CATALOG, machine_from_json
+from lib.platform.telemetry import busy
+from lib.policies.baselines import EqualSplit, ProportionalToPeak
+from lib.policies.oracle import equalised_rows, optimum
 from lib.security import check_decision
-from lib.telemetry import busy
 
 MODELS = sorted(GPU_CATALOG)
 

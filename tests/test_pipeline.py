@@ -10,7 +10,23 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lib.agent.pipeline import (
+from lib.contract import KINDS, TaskSpec
+from lib.costmodel import default_params, predict
+from lib.env import sample_task
+from lib.learners.ppo import PolicyFormatError
+from lib.platform.telemetry import SimulatedTelemetry
+from lib.policies.actions import action_from_decision, decision_from_action
+from lib.policies.learned import (
+    DEFAULT_POLICY,
+    OBS_DIM,
+    LearnedPolicy,
+    ObservationEncoder,
+    load_policy,
+)
+from lib.policies.observation import STATE_DIM, STATE_FIELDS
+from lib.policies.oracle import optimum
+from lib.security import check_decision
+from lib.training.pipeline import (
     TrainConfig,
     evaluate,
     held_out_tasks,
@@ -18,21 +34,6 @@ from lib.agent.pipeline import (
     make_learner,
     train,
 )
-from lib.agent.policy import (
-    DEFAULT_POLICY,
-    OBS_DIM,
-    LearnedPolicy,
-    ObservationEncoder,
-    load_policy,
-)
-from lib.agent.ppo import PolicyFormatError
-from lib.contract import KINDS, STATE_DIM, STATE_FIELDS, TaskSpec
-from lib.costmodel import default_params, predict
-from lib.costmodel.optimum import optimum
-from lib.env import sample_task
-from lib.env.spaces import action_from_decision, decision_from_action
-from lib.security import check_decision
-from lib.telemetry import SimulatedTelemetry
 
 #: Pins of the shipped lib/policies/hetero-4.npz on 40 held-out tasks (seed
 #: 2024, PREDICTED, model backend), so a worse file fails. The quick-budget

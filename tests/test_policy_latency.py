@@ -7,8 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lib.agent.distributions import concentration_forward
-from lib.agent.policy import (
+from lib.env.curriculum import GPU_CATALOG, random_machine, sample_task
+from lib.learners.distributions import concentration_forward
+from lib.learners.ppo import PolicyFormatError, PPOAgent, PPOConfig
+from lib.platform.machines import load_machine
+from lib.platform.telemetry import SimulatedTelemetry, busy, idle
+from lib.policies.actions import (
+    OBS_KEYS,
+    decision_from_weights_row,
+    masks,
+    project_shares,
+)
+from lib.policies.learned import (
     FEATURE_SETS,
     HEAD_MASKS,
     HEAD_SIZES,
@@ -17,13 +27,8 @@ from lib.agent.policy import (
     decision_latency,
     load_policy,
 )
-from lib.agent.ppo import PolicyFormatError, PPOAgent, PPOConfig
-from lib.contract import STATE_DEVICES, STATE_DIM, encode_state
-from lib.env.curriculum import GPU_CATALOG, random_machine, sample_task
-from lib.env.spaces import OBS_KEYS, decision_from_weights_row, masks, project_shares
-from lib.machines import load_machine
+from lib.policies.observation import STATE_DEVICES, STATE_DIM, encode_state
 from lib.runtime import Agent
-from lib.telemetry import SimulatedTelemetry, busy, idle
 
 
 def reference_decide(policy: LearnedPolicy, task, machine, telemetry):

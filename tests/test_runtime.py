@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lib.baselines import EqualSplit
 from lib.contract import Decision, TaskSpec
+from lib.policies.baselines import EqualSplit
 from lib.runtime import Agent, DecisionRejected
 
 TASK = TaskSpec("matmul", {"M": 2048, "N": 2048, "K": 2048})
@@ -21,7 +21,7 @@ def test_default_agent_uses_the_shipped_policy_on_hetero4():
 
 
 def test_without_a_policy_file_the_default_is_proportional(monkeypatch, tmp_path):
-    import lib.agent.policy as policy
+    import lib.policies.learned as policy
 
     monkeypatch.setattr(policy, "DEFAULT_POLICY", tmp_path / "missing.npz")
     assert Agent().policy.name == "proportional-peak"

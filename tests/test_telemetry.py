@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.machines import load_machine
-from lib.telemetry import (
+from lib.platform.machines import load_machine
+from lib.platform.telemetry import (
     RecordedNvml,
     SimulatedTelemetry,
     Snapshot,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lib.contract import TaskSpec
-from lib.workloads import WORKLOADS, round_bf16, split_rows, verify, workload
+from lib.platform.workloads import WORKLOADS, round_bf16, split_rows, verify, workload
 
 
 @given(st.integers(0, 10**7),

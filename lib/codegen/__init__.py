@@ -2,8 +2,6 @@
 
 - :func:`generate`, :class:`CodeGenerator` -- serve a :class:`GeneratedKernel`
   from the template or an LLM provider, behind the sealed cache.
-- :func:`generate_for_cli` -- what ``gpuhive codegen`` does.
-- :func:`cache_hit_benchmark` -- cache-hit latency (goal under 1 ms).
 - :func:`render_template`, :func:`single_kernel` -- the template provider's
   specialisation of ``kernels/<kind>.cu``.
 - :mod:`lib.codegen.llm` (providers, prompt, code-block extraction),
@@ -18,9 +16,7 @@ from lib.codegen.llm import PROVIDERS, build_prompt, extract_code, make_provider
 from lib.codegen.plane import (
     CodeGenerator,
     GeneratedKernel,
-    cache_hit_benchmark,
     generate,
-    generate_for_cli,
 )
 from lib.codegen.specialise import (
     CodegenError,
@@ -31,7 +27,7 @@ from lib.codegen.specialise import (
 
 __all__ = [
     "PROVIDERS", "CodeGenerator", "CodegenError", "GeneratedKernel", "KernelCache",
-    "build_prompt", "cache_hit_benchmark", "cache_key", "extract_code", "generate",
-    "generate_for_cli", "gpuhive_home", "make_provider", "render_template",
+    "build_prompt", "cache_key", "extract_code", "generate",
+    "gpuhive_home", "make_provider", "render_template",
     "single_kernel", "template_version",
 ]

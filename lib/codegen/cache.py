@@ -24,8 +24,8 @@ import logging
 import os
 from pathlib import Path
 
-from lib.home import gpuhive_home
 from lib.security import Seal, SealedEntry, Verdict
+from lib.storage import gpuhive_home
 
 log = logging.getLogger("lib.codegen")
 

@@ -22,8 +22,6 @@ template can serve gets a kernel.
 from __future__ import annotations
 
 import logging
-import statistics
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -316,83 +314,3 @@ def generate(task: TaskSpec, decision: Decision,
         else None
     return CodeGenerator(cache=cache, **options).generate(task, decision, provider,
                                                           model=model)
-
-
-def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = "fp32",
-                     machine_name: str = "hetero-4", provider: str = "template",
-                     model: str | None = None) -> GeneratedKernel:
-    """What ``gpuhive codegen --kind K --dim NAME=VALUE ... [--dtype D]
-    [--machine M] --provider P [--model X] [--show]`` does.
-
-    The decision is the proportional-to-peak baseline's for the task on the
-    machine, checked by Gate 1. ``--show`` prints ``kernel.source`` and nothing
-    else; without it the CLI prints ``kernel.describe()``.
-
-    Raises:
-        lib.contract.ContractError: a bad kind, dimension or dtype (a
-            ValueError naming the field).
-        CodegenError: Gate 1 refused the decision, a provider is not
-            configured for the template-only path, or no NVRTC.
-    """
-    from lib.baselines import ProportionalToPeak
-    from lib.machines import load_machine
-    from lib.security import check_decision
-
-    task = TaskSpec(kind, dict(dims), dtype)
-    machine = load_machine(machine_name)
-    decision = ProportionalToPeak().decide(task, machine, None).with_hash(task)
-    verdict = check_decision(decision, task, machine)
-    if not verdict.accepted:
-        raise CodegenError(f"Gate 1 refused the decision for {task.describe()}: "
-                           f"{verdict.summary()}")
-    return CodeGenerator().generate(task, decision, provider, model=model)
-
-
-def cache_hit_benchmark(repeats: int = 200, kind: str = "matmul",
-                        quiet: bool = False) -> dict[str, float]:
-    """Latency of a cache hit (Gate 2b load + verify + building the result).
-
-    Generates one kernel into a temporary ``GPUHIVE_HOME``, then times
-    ``repeats`` hits of :meth:`CodeGenerator.generate` and of the bare
-    :meth:`KernelCache.get`. Goal: under 1 ms for a typical kernel (printed,
-    not asserted).
-
-    Returns:
-        ``{"p50_ms", "p90_ms", "mean_ms", "get_p50_ms", "miss_s",
-        "entry_bytes", "repeats"}``.
-    """
-    dims = {"matmul": {"M": 1024, "N": 1024, "K": 1024}}.get(kind, {})
-    with tempfile.TemporaryDirectory(prefix="gh_bench_") as tmp:
-        home = Path(tmp)
-        cache = KernelCache(home / "kernels", home / "keys" / "seal.key")
-        gen = CodeGenerator(cache=cache, measure_resources=False)
-        task = TaskSpec(kind, dims or {"N": 1 << 20}, "fp32")
-        decision = Decision((0,), (1.0,), task.split_size, 256, "single").with_hash(
-            task)
-        t0 = time.perf_counter()
-        first = gen.generate(task, decision)
-        miss = time.perf_counter() - t0
-        full, bare = [], []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            hit = gen.generate(task, decision)
-            full.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            cache.get(first.cache_key)
-            bare.append(time.perf_counter() - t)
-        assert hit.cached
-        size = cache.path(first.cache_key).stat().st_size
-    full.sort()
-    result = {
-        "p50_ms": 1e3 * statistics.median(full),
-        "p90_ms": 1e3 * full[int(0.9 * (len(full) - 1))],
-        "mean_ms": 1e3 * statistics.fmean(full),
-        "get_p50_ms": 1e3 * statistics.median(bare),
-        "miss_s": miss, "entry_bytes": float(size), "repeats": float(repeats),
-    }
-    if not quiet:
-        print(f"cache hit ({kind} fp32, {size} B entry, {repeats} repeats): "
-              f"p50 {result['p50_ms']:.3f} ms, p90 {result['p90_ms']:.3f} ms, "
-              f"bare get p50 {result['get_p50_ms']:.3f} ms (goal < 1 ms); "
-              f"miss {miss:.2f} s")
-    return result

@@ -1,5 +1,5 @@
 """The numerical spot check: run a kernel source on a small task of its kind and
-compare the result with the NumPy reference of :mod:`lib.workloads`.
+compare the result with the NumPy reference of :mod:`lib.platform.workloads`.
 
 A generated kernel is launched exactly as the execution plane would launch the
 task's kernel (the launch conventions of ``kernels/README.md``, the decision's
@@ -11,7 +11,7 @@ runs is a :data:`Runner`:
   and run on the CPU (no GPU needed; what the tests use);
 * ``"cuda"`` -- the hook for a machine with a CUDA device: CuPy compiles the
   same source with NVRTC and launches it on device 0;
-* ``"auto"`` -- ``"cuda"`` where :func:`lib.cudastack.probe` finds a
+* ``"auto"`` -- ``"cuda"`` where :func:`lib.platform.cudastack.probe` finds a
   usable device, else ``"emulated"``.
 """
 
@@ -33,7 +33,7 @@ from lib.codegen import emulate
 from lib.codegen.emulate import Buffer, Scalar, f32, i32, i64, read_only, read_write
 from lib.codegen.specialise import entry_name
 from lib.contract import Decision, TaskSpec
-from lib.workloads import Elementwise, verify, workload
+from lib.platform.workloads import Elementwise, verify, workload
 
 RUNNERS = ("auto", "emulated", "cuda")
 
@@ -220,7 +220,7 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray
 
 @lru_cache(maxsize=1)
 def _device_usable() -> bool:
-    from lib.cudastack import probe
+    from lib.platform.cudastack import probe
 
     return bool(probe().usable)
 

@@ -2,7 +2,7 @@
 
 Input: measured executions, each ``{"task": task_json, "decision":
 decision_json, "measured_seconds": s, "backend": "cpu"}`` (what
-:func:`lib.characterise.characterise` records under ``runs``). A run from the
+:func:`lib.execution.characterise.characterise` records under ``runs``). A run from the
 model backend, or one not marked measured, is refused: a prediction is never
 fitted to a prediction.
 
@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,9 +46,13 @@ import numpy as np
 
 from lib.contract import KINDS, ContractError, Decision, TaskSpec
 from lib.costmodel.model import CostParams, default_params, predict
-from lib.home import gpuhive_home
-from lib.machines import Machine, load_machine
-from lib.workloads import split_rows, workload
+from lib.platform.machines import Machine, load_machine
+from lib.platform.workloads import split_rows, workload
+from lib.storage import (
+    calibration_path,
+    characterisation_path,
+    write_json_atomic,
+)
 
 #: Median held-out APE (percent) above which the report carries a warning.
 WARN_APE_PCT = 30.0
@@ -78,45 +80,6 @@ SCHEMA = "gpuhive.calibration/1"
 
 class CalibrationError(ValueError):
     """Runs or files calibration cannot use (the message names the culprit)."""
-
-
-# --------------------------------------------------------------------------
-# Where things are stored
-
-def _safe_name(machine_name: str) -> str:
-    if not machine_name or any(c in machine_name for c in "/\\\0") \
-            or machine_name.startswith("."):
-        raise CalibrationError(f"machine name {machine_name!r} cannot name a file")
-    return machine_name
-
-
-def calibration_path(machine_name: str) -> Path:
-    """``<home>/calibration/<machine>.json``."""
-    return gpuhive_home() / "calibration" / f"{_safe_name(machine_name)}.json"
-
-
-def characterisation_path(machine_name: str) -> Path:
-    """``<home>/characterisation/<machine>.json`` (where characterise writes)."""
-    return gpuhive_home() / "characterisation" / f"{_safe_name(machine_name)}.json"
-
-
-def write_json_atomic(obj: Any, path: str | Path) -> Path:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename,
-    so a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 # --------------------------------------------------------------------------
@@ -759,7 +722,7 @@ def calibrate_machine(machine_name: str,
 
     Args:
         machine_name: the machine (``local-cpu``).
-        characterisation_path_: the JSON :func:`lib.characterise.characterise`
+        characterisation_path_: the JSON :func:`lib.execution.characterise.characterise`
             wrote; default ``<home>/characterisation/<machine>.json``.
         json_out: return ``report.to_json()`` instead of the report object.
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lib.contract import KINDS, Decision, TaskSpec
-from lib.machines import Machine
-from lib.telemetry import Snapshot
-from lib.workloads import ShardWork, split_rows, workload
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import ShardWork, split_rows, workload
 
 
 @dataclass(frozen=True)

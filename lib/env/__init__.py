@@ -7,7 +7,7 @@ Importing this package registers ``GPUHive-Split-v0``::
 
     env = gymnasium.make("GPUHive-Split-v0", machine="hetero-4", mode="task")
 
-- :mod:`lib.env.spaces` -- observation and action spaces, masks, action <->
+- :mod:`lib.policies.actions` -- observation and action spaces, masks, action <->
   decision;
 - :mod:`lib.env.split` -- :class:`SplitEnv` (task and stream modes, the reward,
   the occupancy model) and its :class:`EnvConfig`;
@@ -18,7 +18,8 @@ Importing this package registers ``GPUHive-Split-v0``::
 
 import gymnasium
 
-from lib.env.batch import BatchModelEnv, env_steps_per_second
+from lib.contract import BLOCKS
+from lib.env.batch import BatchModelEnv
 from lib.env.curriculum import (
     DEFAULT_STAGES,
     HELD_OUT_MODELS,
@@ -31,8 +32,8 @@ from lib.env.curriculum import (
     sample_task,
     sample_task_and_split,
 )
-from lib.env.spaces import (
-    BLOCKS,
+from lib.env.split import EnvConfig, SplitEnv, stream_seconds
+from lib.policies.actions import (
     CHUNKS,
     OBS_KEYS,
     action_from_decision,
@@ -46,7 +47,6 @@ from lib.env.spaces import (
     sample_masked_actions,
     unflatten_observation,
 )
-from lib.env.split import EnvConfig, SplitEnv, stream_seconds
 
 ENV_ID = "GPUHive-Split-v0"
 
@@ -57,7 +57,7 @@ __all__ = [
     "BLOCKS", "CHUNKS", "DEFAULT_STAGES", "ENV_ID", "HELD_OUT_MODELS",
     "HELD_OUT_STAGE", "OBS_KEYS", "TRAINING_MODELS", "BatchModelEnv", "Curriculum",
     "EnvConfig", "SplitEnv", "Stage", "action_from_decision", "action_space",
-    "decision_from_action", "env_steps_per_second", "equal_split_action",
+    "decision_from_action", "equal_split_action",
     "flatten_observation", "held_out_machines", "masks", "observation_space",
     "sample_machine", "sample_masked_action", "sample_masked_actions",
     "sample_task", "sample_task_and_split", "stream_seconds", "unflatten_observation",

@@ -12,28 +12,25 @@ An environment whose episode ends is reset in the same step: its last
 observation is in ``info["final_observation"]`` and the returned observation
 starts its next episode (seeded from its own generator).
 
-:func:`env_steps_per_second` measures both (a benchmark: it prints, never fails).
+:func:`lib.evaluation.bench.env_steps_per_second` measures both.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from lib.env.spaces import (
+from lib.env.split import EnvConfig, SplitEnv
+from lib.policies.actions import (
     OBS_KEYS,
     action_space,
     decision_from_weights_row,
     observation_space,
     project_shares,
-    sample_masked_action,
-    sample_masked_actions,
 )
-from lib.env.split import EnvConfig, SplitEnv
 
 
 def stack_observations(obs: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -122,37 +119,3 @@ class BatchModelEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def env_steps_per_second(n_steps: int = 2000, batch: int = 64, seed: int = 0,
-                         config: EnvConfig | None = None) -> dict[str, float]:
-    """Environment steps per second, one env and a batch (model backend).
-
-    Both take random actions that respect the masks, on ``config`` (default:
-    task mode on hetero-4). Times include drawing the actions.
-
-    Returns:
-        ``single_steps_per_s``, ``batch_steps_per_s`` (environment steps, all
-        batch members counted), ``speedup``, ``batch``, ``n_steps``.
-    """
-    rng = np.random.default_rng(seed)
-    env = SplitEnv(config)
-    obs, _ = env.reset(seed=seed)
-    start = time.perf_counter()
-    for _ in range(n_steps):
-        obs, _, terminated, truncated, _ = env.step(sample_masked_action(rng, obs))
-        if terminated or truncated:
-            obs, _ = env.reset()
-    single = n_steps / (time.perf_counter() - start)
-    env.close()
-
-    benv = BatchModelEnv(batch, config)
-    obs, _ = benv.reset(seed=seed)
-    rounds = max(1, -(-n_steps // batch))
-    start = time.perf_counter()
-    for _ in range(rounds):
-        obs, *_ = benv.step(sample_masked_actions(rng, obs))
-    batched = rounds * batch / (time.perf_counter() - start)
-    benv.close()
-    return {"single_steps_per_s": single, "batch_steps_per_s": batched,
-            "speedup": batched / single, "batch": batch, "n_steps": n_steps}

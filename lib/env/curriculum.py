@@ -7,10 +7,11 @@ Stages go from easy to hard (:data:`DEFAULT_STAGES`):
 3. ``small-tasks`` -- the same machines, tasks from tiny to large, where launch
    and transfer latencies make using fewer devices right;
 4. ``busy`` -- the same, with seeded background load on the devices
-   (:class:`lib.telemetry.SimulatedTelemetry`);
+   (:class:`lib.platform.telemetry.SimulatedTelemetry`);
 5. ``catalog`` -- 2-8 cards drawn from the GPU catalog with a random topology.
 
-Machines come from :data:`lib.machines.GPU_CATALOG` less :data:`HELD_OUT_MODELS`:
+Machines come from :data:`lib.platform.machines.GPU_CATALOG` less
+:data:`HELD_OUT_MODELS`:
 no training stage ever builds a machine with a held-out model, so every machine
 of :func:`held_out_machines` (each holds at least one held-out model) is one a
 policy has never been trained on -- the zero-shot transfer test (T7).
@@ -38,17 +39,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lib.baselines import EqualSplit
 from lib.contract import DIM_LIMITS, KINDS, MAX_DIM, Decision, TaskSpec
-from lib.machines import (
+from lib.platform.machines import (
     GPU_CATALOG,
     LINK_KINDS,
     Machine,
     load_machine,
     machine_from_json,
 )
+from lib.platform.telemetry import Snapshot
+from lib.policies.baselines import EqualSplit
 from lib.security.gate1 import check_decision
-from lib.telemetry import Snapshot
 
 #: Catalog models no training stage uses (transfer is tested on them).
 HELD_OUT_MODELS: tuple[str, ...] = ("H200 SXM", "L4", "RTX 3090")

@@ -1,7 +1,7 @@
 """``GPUHive-Split-v0``: one split decision per step, rewarded by Eq. (2).
 
 Each step shows the policy one task on one machine in one state (the spaces
-are in :mod:`lib.env.spaces`) and takes one action. The environment turns the
+are in :mod:`lib.policies.actions`) and takes one action. The environment turns the
 action into a :class:`~lib.contract.Decision`, hashes it and passes it through
 Gate 1 (:func:`lib.security.check_decision`). A decision Gate 1 refuses earns
 ``-penalty`` and is never executed. An accepted one runs on the backend and
@@ -9,7 +9,8 @@ earns Eq. (2)::
 
     r = log(T_equal / T_decision)
 
-with ``T_equal`` the time of the equal split (:class:`lib.baselines.EqualSplit`)
+with ``T_equal`` the time of the equal split
+(:class:`lib.policies.baselines.EqualSplit`)
 of the same task in the same state. The equal-split action earns exactly 0; a
 decision twice as fast earns log 2.
 
@@ -65,9 +66,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from lib.contract import STATE_DEVICES, Decision, TaskSpec, encode_state
+from lib.contract import Decision, TaskSpec
 from lib.costmodel import CostParams, Prediction, predict
-from lib.costmodel.optimum import optimum
 from lib.env.curriculum import (
     Curriculum,
     Stage,
@@ -75,16 +75,18 @@ from lib.env.curriculum import (
     sample_machine,
     sample_task_and_split,
 )
-from lib.env.spaces import (
+from lib.execution import BACKENDS, Backend, Result, get_backend
+from lib.platform.machines import Machine, load_machine
+from lib.platform.telemetry import SimulatedTelemetry, Snapshot, idle
+from lib.policies.actions import (
     action_space,
     decision_from_action,
     masks,
     observation_space,
 )
-from lib.execution import BACKENDS, Backend, Result, get_backend
-from lib.machines import Machine, load_machine
+from lib.policies.observation import STATE_DEVICES, encode_state
+from lib.policies.oracle import optimum
 from lib.security import check_decision
-from lib.telemetry import SimulatedTelemetry, Snapshot, idle
 
 ENV_MODES = ("task", "stream")
 #: Task footprints (log10 bytes) without a curriculum stage: model backend.
@@ -353,7 +355,7 @@ class SplitEnv(gym.Env):
     # -- stepping ------------------------------------------------------------
 
     def step(self, action: Mapping[str, Any]):
-        """Decide the current task with ``action`` (see :mod:`lib.env.spaces`)."""
+        """Decide the current task with ``action`` (see :mod:`lib.policies.actions`)."""
         if self.task is None:
             raise RuntimeError("call reset() before step()")
         decision = decision_from_action(action, self.task, self._obs["device_mask"],

@@ -21,7 +21,7 @@ from lib.execution.base import (
 from lib.execution.cpu import CpuBackend
 from lib.execution.cuda import CudaBackend
 from lib.execution.model import ModelBackend
-from lib.machines import Machine
+from lib.platform.machines import Machine
 
 BACKENDS = ("model", "cpu", "cuda")
 

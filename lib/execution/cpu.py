@@ -3,7 +3,7 @@
 One worker process per device, pinned to its own core, single-threaded BLAS.
 For a run the parent writes the inputs once into files in shared memory
 (``/dev/shm`` where it exists); each worker maps them, computes its shard with
-NumPy (the same :meth:`lib.workloads.Workload.compute` the reference uses) and
+NumPy (the same :meth:`lib.platform.workloads.Workload.compute` the reference uses) and
 writes its rows, or its partial sum, straight into a shared output buffer.
 Arrays never travel as pickles; the messages carry paths, shapes and row ranges.
 
@@ -40,9 +40,9 @@ from lib.execution.base import (
     Result,
     repeat_timed,
 )
-from lib.machines import Machine
-from lib.workloads import split_rows, workload
-from lib.workloads import verify as verify_output
+from lib.platform.machines import Machine
+from lib.platform.workloads import split_rows, workload
+from lib.platform.workloads import verify as verify_output
 
 #: Environment each worker starts with: one BLAS thread, so a device is a core.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",

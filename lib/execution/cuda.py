@@ -6,7 +6,7 @@ For a Decision the backend:
    decision, scanned by Gate 2a) and compiles it with NVRTC through
    ``cupy.RawModule``, with CuPy's kernel cache kept in memory
    (``CUPY_CACHE_IN_MEMORY=1``) so nothing on disk enters the trust path;
-2. shards the inputs (:func:`lib.workloads.split_rows`) and, per device, on its
+2. shards the inputs (:func:`lib.platform.workloads.split_rows`) and, per device, on its
    own non-blocking stream: copies the shard from pinned host memory, launches
    the kernel, copies the result back, timing the three with CUDA events;
 3. in ``pipelined`` mode cuts each shard into chunks that alternate between two
@@ -22,7 +22,7 @@ decision hash -- or, with ``allow_replan=True``, re-plans once on the remaining
 devices (shares renormalised, the new decision through Gate 1) and says so in
 ``Result.detail["replanned"]``. Never a partial result marked complete.
 
-:func:`lib.cudastack.probe` reports, without raising, what this machine lacks
+:func:`lib.platform.cudastack.probe` reports, without raising, what this machine lacks
 for CUDA.
 """
 
@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from lib.contract import Decision, TaskSpec
-from lib.cudastack import probe
 from lib.execution.base import (
     BackendUnavailable,
     DeviceError,
@@ -48,9 +47,10 @@ from lib.execution.base import (
     Result,
     repeat_timed,
 )
-from lib.machines import Machine
-from lib.workloads import Arrays, round_bf16, split_rows, workload
-from lib.workloads import verify as verify_output
+from lib.platform.cudastack import probe
+from lib.platform.machines import Machine
+from lib.platform.workloads import Arrays, round_bf16, split_rows, workload
+from lib.platform.workloads import verify as verify_output
 
 MATMUL_TILE = 16
 #: 1-D grids are capped here; the kernels' grid-stride loops cover the rest.

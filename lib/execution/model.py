@@ -14,10 +14,10 @@ from __future__ import annotations
 from lib.contract import Decision, TaskSpec
 from lib.costmodel import CostParams, default_params, predict
 from lib.execution.base import ExecutionMetrics, Result
-from lib.machines import Machine
-from lib.telemetry import Snapshot
-from lib.workloads import split_rows, workload
-from lib.workloads import verify as verify_output
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import split_rows, workload
+from lib.platform.workloads import verify as verify_output
 
 
 def params_for(machine_name: str) -> CostParams:

@@ -59,10 +59,10 @@ from lib.contract import (
     config_hash,
     loads_strict,
 )
-from lib.machines import Machine
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import split_rows, workload
 from lib.security.verdict import Verdict, Violation
-from lib.telemetry import Snapshot
-from lib.workloads import split_rows, workload
 
 #: Fraction of free memory a shard may not use (allocator slack, fragmentation).
 MEMORY_MARGIN = 0.10

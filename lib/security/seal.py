@@ -65,7 +65,6 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -73,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lib.security.verdict import Verdict, Violation
+from lib.storage import fsync_dir, write_atomic
 
 GATE = "gate2b"
 FORMAT_VERSION = 1
@@ -277,39 +277,6 @@ def _parse(data: bytes) -> tuple[SealedEntry | None, list[Violation]]:
     return entry, found
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temporary file in the same
-    folder, fsync, ``os.replace``, fsync of the folder. Mode 0600."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
-                               dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing)."""
@@ -381,7 +348,7 @@ class Seal:
                 os.link(tmp, path)  # publish atomically; the first process wins
             except FileExistsError:
                 pass
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise SealError(f"cannot create key file {path}: {exc}") from exc
         finally:
@@ -453,7 +420,7 @@ class Seal:
         with _locked(self._lock_path):
             n = self._read_counter() + 1
             mac = self._hmac(b"gpuhive.seal.counter", str(n).encode())
-            _atomic_write(self._counter_path,
+            write_atomic(self._counter_path,
                           _canonical_json({"counter": n, "mac": mac}))
         return n
 
@@ -553,10 +520,10 @@ class Seal:
             high = row.get(entry.config_hash, 0)
             if entry.counter < high:
                 return False
-            _atomic_write(path, data)
+            write_atomic(path, data)
             if entry.counter > high:
                 row[entry.config_hash] = entry.counter
-                _atomic_write(self.index_path, _canonical_json(
+                write_atomic(self.index_path, _canonical_json(
                     {"high_water": marks, "mac": self._index_mac(marks)}))
         return True
 

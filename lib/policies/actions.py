@@ -41,7 +41,7 @@ chunks     Discrete(len(CHUNKS))       pipelined: chunks per largest shard
 :func:`decision_from_action` turns an action into a :class:`Decision`: weights of
 masked slots are forced to zero, negative weights count as zero, ``single`` keeps
 the largest weight only, weights below ``min_share`` of the total are dropped and
-the rest normalised (:func:`lib.baselines.decision_from_weights`, so an all-ones
+the rest normalised (:func:`lib.contract.decision_from_weights`, so an all-ones
 action over the usable devices *is* the equal split). In pipelined mode the chunk
 is ``ceil(largest shard's rows / CHUNKS[i])``; in the other modes it is the whole
 divisible dimension. An action with no positive finite weight, or a non-finite
@@ -60,22 +60,21 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from lib.baselines import DEFAULT_BLOCK, decision_from_weights
 from lib.contract import (
+    BLOCKS,
     COMM_PATHS,
+    DEFAULT_BLOCK,
     MODES,
-    STATE_DEVICES,
-    STATE_DIM,
+    PIPELINE_CHUNKS,
     Decision,
     TaskSpec,
+    decision_from_weights,
 )
-from lib.costmodel.optimum import PIPELINE_CHUNKS
-from lib.machines import Machine
-from lib.telemetry import Snapshot
-from lib.workloads import split_rows
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import split_rows
+from lib.policies.observation import STATE_DEVICES, STATE_DIM
 
-#: Block sizes (threads per block) a policy chooses from.
-BLOCKS: tuple[int, ...] = (64, 128, 256, 512, 1024)
 #: Chunks per largest shard in pipelined mode (the optimum's grid).
 CHUNKS: tuple[int, ...] = PIPELINE_CHUNKS
 #: Bounds of the ``state`` box; encode_state scales to roughly [-1, 2].

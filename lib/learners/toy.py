@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.agent.ppo import gae
+from lib.learners.ppo import gae
 
 
 @dataclass
@@ -92,7 +92,7 @@ class SpeedShareProblem:
 def train_ppo(agent: Any, problem: SpeedShareProblem, iterations: int,
               batch: int, rng: np.random.Generator,
               evaluate_every: int = 1) -> list[dict[str, float]]:
-    """Train a :class:`~lib.agent.ppo.PPOAgent` on one-step episodes.
+    """Train a :class:`~lib.learners.ppo.PPOAgent` on one-step episodes.
 
     With one-step episodes GAE reduces to ``advantage = reward - value``.
 

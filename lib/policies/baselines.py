@@ -18,23 +18,20 @@ baseline drives the same execution path as the learned policy.
 - :class:`RandomSplit` -- a seeded random subset with Dirichlet shares.
 
 The seventh baseline, the exhaustive optimum under the cost model, is
-:class:`lib.costmodel.optimum.Oracle` (it searches over these).
+:class:`lib.policies.oracle.Oracle` (it searches over these).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from lib.contract import Decision, TaskSpec
-from lib.machines import Machine
-from lib.telemetry import Snapshot
-from lib.workloads import workload
-
-DEFAULT_BLOCK = 256
+from lib.contract import Decision, TaskSpec, decision_from_weights
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import workload
 
 
 class Policy(Protocol):
@@ -51,25 +48,6 @@ def usable_devices(machine: Machine, telemetry: Snapshot | None) -> list[int]:
     if telemetry is None:
         return list(range(machine.n))
     return [i for i in range(machine.n) if telemetry.healthy[i]]
-
-
-def decision_from_weights(task: TaskSpec, devices: Sequence[int],
-                          weights: Sequence[float], *, block: int = DEFAULT_BLOCK,
-                          comm_path: str = "host") -> Decision:
-    """A split decision over ``devices`` with shares proportional to ``weights``.
-
-    Devices with zero weight are dropped; one device left gives ``single`` mode.
-    """
-    pairs = [(d, w) for d, w in zip(devices, weights, strict=True) if w > 0]
-    if not pairs:
-        raise ValueError(f"no device has a positive weight for {task.describe()}")
-    total = math.fsum(w for _, w in pairs)
-    shares = [w / total for _, w in pairs]
-    shares[-1] = 1.0 - math.fsum(shares[:-1])  # exact sum for Gate 1
-    mode = "single" if len(pairs) == 1 else "split"
-    return Decision(gpus=tuple(d for d, _ in pairs), shares=tuple(shares),
-                    chunk=task.split_size, block=block, mode=mode,
-                    comm_path=comm_path)
 
 
 class EqualSplit:
@@ -201,7 +179,7 @@ class RandomSplit:
 
 
 #: The cheap baselines by name. The seventh, the exhaustive optimum, is
-#: :class:`lib.costmodel.optimum.Oracle`; :data:`lib.runtime.POLICIES` lists all.
+#: :class:`lib.policies.oracle.Oracle`; :data:`lib.runtime.POLICIES` lists all.
 BASELINES: dict[str, type] = {p.name: p for p in (
     EqualSplit, SingleBest, ProportionalToPeak, ProportionalToLive, HeftGreedy,
     RandomSplit)}

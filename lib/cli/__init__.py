@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lib.baselines import EqualSplit
 from lib.contract import KIND_DIMS, KINDS, ContractError, Decision, TaskSpec
 from lib.execution import BACKENDS, BackendUnavailable, ExecutionError
-from lib.machines import MachineError, list_machines, load_machine
+from lib.platform.machines import MachineError, list_machines, load_machine
+from lib.policies.baselines import EqualSplit
 from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
 from lib.security import check_decision
 
@@ -89,7 +89,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 # -- doctor -----------------------------------------------------------------
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from lib.cudastack import probe
+    from lib.platform.cudastack import probe
 
     cuda = probe()
     nvml_reason = ""
@@ -176,7 +176,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         summary += (f"  (equal split: {fmt_seconds(ref.total)}, "
                     f"{ref.total / pred.total:.2f}x)")
     lines.append(summary)
-    from lib.costmodel.optimum import optimum
+    from lib.policies.oracle import optimum
 
     best = optimum(task, agent.machine, params=params)
     lines.append(f"exhaustive optimum: {fmt_seconds(best.total)} "
@@ -248,7 +248,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # -- characterise and calibrate ----------------------------------------------
 
 def cmd_characterise(args: argparse.Namespace) -> int:
-    from lib.characterise import CharacterisationError, characterise
+    from lib.execution.characterise import CharacterisationError, characterise
 
     try:
         obj = characterise(args.machine, args.backend, budget=args.budget,
@@ -280,7 +280,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 # -- codegen ----------------------------------------------------------------
 
 def cmd_codegen(args: argparse.Namespace) -> int:
-    from lib.codegen import CodegenError, generate_for_cli
+    from lib.cli.codegen import generate_for_cli
+    from lib.codegen import CodegenError
 
     try:
         kernel = generate_for_cli(args.kind, _parse_dims(args.dim or []),
@@ -329,7 +330,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 # -- security-audit ---------------------------------------------------------
 
 def cmd_security_audit(args: argparse.Namespace) -> int:
-    from lib.audit import run_audit
+    from lib.evaluation.audit import run_audit
 
     report = run_audit(repeats=args.repeats, seed=args.seed)
     if args.json:
@@ -344,7 +345,7 @@ def cmd_security_audit(args: argparse.Namespace) -> int:
 # -- sweep ------------------------------------------------------------------
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from lib.execution.sweep import sweep
+    from lib.cli.sweep import sweep
 
     report = sweep(args.machine, args.backend, scale=args.scale,
                    repeats=args.repeats, out=Path(args.out) if args.out else None)
@@ -363,7 +364,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 # -- train ------------------------------------------------------------------
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lib.agent.pipeline import TrainConfig, train
+    from lib.training.pipeline import TrainConfig, train
 
     config = TrainConfig(machine=args.machine, budget=args.budget, seed=args.seed,
                          learner=args.learner, features=args.features,
@@ -379,7 +380,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 # -- evaluate ---------------------------------------------------------------
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lib.evaluation import evaluate
+    from lib.evaluation.harness import evaluate
 
     if args.policy and not Path(args.policy).is_file():
         raise UsageError(f"policy file {args.policy} does not exist")
@@ -403,23 +404,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
              "optimum and the environment compute are PREDICTED):"]
     want = set(args.what)
     if "optimum" in want:
-        from lib.costmodel.optimum import benchmark
+        from lib.evaluation.bench import optimum_benchmark
 
-        rows = benchmark(repeats=args.repeats)
+        rows = optimum_benchmark(repeats=args.repeats)
         out["optimum"] = rows
         lines.append("exhaustive optimum search (goal: under 50 ms for 8 devices)")
         lines += [f"  {r['devices']} devices: median {r['median_ms']:.2f} ms, p90 "
                   f"{r['p90_ms']:.2f} ms, {r['candidates']} candidates"
                   for r in rows]
     if "cache" in want:
-        from lib.codegen import cache_hit_benchmark
+        from lib.evaluation.bench import cache_hit_benchmark
 
         hit = cache_hit_benchmark(repeats=max(20, args.repeats * 10), quiet=True)
         out["cache_hit"] = hit
         lines.append(f"kernel cache hit, verify + load (goal: under 1 ms): p50 "
                      f"{hit['p50_ms']:.2f} ms, p90 {hit['p90_ms']:.2f} ms")
     if "env" in want:
-        from lib.env import env_steps_per_second
+        from lib.evaluation.bench import env_steps_per_second
 
         env = env_steps_per_second(n_steps=max(200, args.repeats * 50))
         out["env"] = env
@@ -427,15 +428,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                      f"{env['single_steps_per_s']:.0f}, batch of {env['batch']} "
                      f"{env['batch_steps_per_s']:.0f}")
     if "ppo" in want:
-        from lib.agent.bench import benchmark_update
+        from lib.evaluation.bench import benchmark_update
 
         secs = benchmark_update(verbose=False)
         out["ppo_update_s"] = secs
         lines.append(f"PPO update on a batch of 2048: {secs:.2f} s")
     if "latency" in want:
-        from lib.evaluation import decision_latency
+        from lib.evaluation.harness import decision_latency
+        from lib.platform.telemetry import idle
         from lib.runtime import default_policy
-        from lib.telemetry import idle
 
         machine = load_machine("hetero-4")
         lat = decision_latency(default_policy(), machine, [idle(machine)],
@@ -451,7 +452,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- book -------------------------------------------------------------------
 
 def cmd_book(args: argparse.Namespace) -> int:
-    from lib.bookbuild import BookError, build_book
+    from lib.book import BookError, build_book
 
     try:
         build_book(machine=args.machine, backend=args.backend, budget=args.budget,

@@ -7,7 +7,7 @@
 
    a. *imitate the exhaustive optimum on the cost model*
       (:func:`imitation_labels`, :func:`imitate`): tasks drawn as stage 1b
-      draws them are labelled with :func:`lib.costmodel.optimum.optimum`'s
+      draws them are labelled with :func:`lib.policies.oracle.optimum`'s
       decision, turned into the environment's action (shares on the device
       slots; block, mode, path and chunk-count indices), and the PPO policy
       maximises their log-likelihood (:meth:`PPOAgent.imitation_update`; the
@@ -60,23 +60,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from lib.agent.bandit import BanditConfig, ShareBandit
-from lib.agent.policy import (
-    HEAD_MASKS,
-    HEAD_SIZES,
-    HEADS,
-    OBS_DIM,
-    LearnedPolicy,
-    ObservationEncoder,
-    action_from_choices,
-)
-from lib.agent.ppo import PPOAgent, PPOConfig, interior_shares
-from lib.agent.td3 import TD3Agent, TD3Config
-from lib.baselines import EqualSplit, ProportionalToPeak
-from lib.contract import STATE_DEVICES, TaskSpec
+from lib.budgets import check_budget, plans
+from lib.contract import BLOCKS, MODES, TaskSpec
 from lib.costmodel import default_params, predict
 from lib.costmodel.calibrate import load_params
-from lib.costmodel.optimum import optimum
 from lib.env import (
     DEFAULT_STAGES,
     BatchModelEnv,
@@ -85,10 +72,25 @@ from lib.env import (
     SplitEnv,
     sample_task,
 )
-from lib.env.spaces import BLOCKS, MODES, action_from_decision
 from lib.env.split import MEASURED_LOG10_BYTES, MODEL_LOG10_BYTES
 from lib.execution import BackendUnavailable, get_backend
-from lib.machines import Machine, load_machine
+from lib.learners.bandit import BanditConfig, ShareBandit
+from lib.learners.ppo import PPOAgent, PPOConfig, interior_shares
+from lib.learners.td3 import TD3Agent, TD3Config
+from lib.platform.machines import Machine, load_machine
+from lib.policies.actions import action_from_decision
+from lib.policies.baselines import EqualSplit, ProportionalToPeak
+from lib.policies.learned import (
+    HEAD_MASKS,
+    HEAD_SIZES,
+    HEADS,
+    OBS_DIM,
+    LearnedPolicy,
+    ObservationEncoder,
+    action_from_choices,
+)
+from lib.policies.observation import STATE_DEVICES
+from lib.policies.oracle import optimum
 from lib.security import check_decision
 
 LEARNERS = ("ppo", "td3")
@@ -96,7 +98,7 @@ STAGES = ("cost-model", "calibrated", "measured")
 
 
 @dataclass(frozen=True)
-class Budget:
+class TrainingPlan:
     """Environment steps of each part of a training run."""
 
     curriculum: tuple[int, ...]
@@ -119,13 +121,13 @@ class Budget:
     """Stage 1a: behaviour-cloning gradient steps on those labels (0: none)."""
 
 
-BUDGETS: dict[str, Budget] = {
-    "smoke": Budget((256,) * 5, 512, 256, 8, 32, 8, 12, 24, 4),
-    "quick": Budget((8_192, 16_384, 16_384, 16_384, 24_576), 163_840, 24_576, 64,
+TRAINING_PLANS: dict[str, TrainingPlan] = plans({
+    "smoke": TrainingPlan((256,) * 5, 512, 256, 8, 32, 8, 12, 24, 4),
+    "quick": TrainingPlan((8_192, 16_384, 16_384, 16_384, 24_576), 163_840, 24_576, 64,
                     64, 32, 200, 4_096, 4_000),
-    "full": Budget((50_000, 100_000, 100_000, 100_000, 200_000), 2_000_000,
+    "full": TrainingPlan((50_000, 100_000, 100_000, 100_000, 200_000), 2_000_000,
                    200_000, 512, 128, 32, 500, 16_384, 20_000),
-}
+}, "training plans")
 
 
 @dataclass
@@ -188,9 +190,7 @@ class TrainConfig:
     a sliver on devices the optimum leaves out (1e-4 to 1e-3)."""
 
     def __post_init__(self) -> None:
-        if self.budget not in BUDGETS:
-            raise ValueError(f"budget {self.budget!r}: expected one of "
-                             f"{', '.join(BUDGETS)}")
+        check_budget(self.budget)
         if self.learner not in LEARNERS:
             raise ValueError(f"learner {self.learner!r}: expected one of "
                              f"{', '.join(LEARNERS)}")
@@ -209,8 +209,8 @@ class TrainConfig:
                              "weight in (0, 1), typically 1e-3")
 
     @property
-    def plan(self) -> Budget:
-        return BUDGETS[self.budget]
+    def plan(self) -> TrainingPlan:
+        return TRAINING_PLANS[self.budget]
 
     @property
     def imitation_plan(self) -> tuple[int, int]:
@@ -321,7 +321,7 @@ def _restore_adam(prefix: str, opt: Any, arrays: Mapping[str, np.ndarray],
 
 def _restore_learner(learner: Any, arrays: Mapping[str, np.ndarray],
                      meta: Mapping[str, Any]) -> None:
-    from lib.agent.normalize import RunningMeanStd
+    from lib.learners.normalize import RunningMeanStd
 
     learner.rng.bit_generator.state = meta["rng"]
     if isinstance(learner, PPOAgent):
@@ -443,8 +443,8 @@ def imitation_labels(config: TrainConfig, machine: Machine, count: int,
     stages' machines, task sizes and load, then the target ``machine``; the
     target only with ``config.curriculum=False``), ``count`` split in
     proportion to the parts' steps, from seeds of their own. Each label is
-    :func:`lib.costmodel.optimum.optimum` (about 10 ms a task) turned into the
-    environment's action by :func:`lib.env.spaces.action_from_decision`: the
+    :func:`lib.policies.oracle.optimum` (about 10 ms a task) turned into the
+    environment's action by :func:`lib.policies.actions.action_from_decision`: the
     shares on their device slots, the block, mode and path indices, and the
     pipelined chunk count snapped to the nearest of :data:`CHUNKS` (log scale).
 
@@ -607,7 +607,7 @@ def _anneal(agent: Any, config: TrainConfig, frac: float) -> None:
 def _run_phase(learner: Any, phase: _Phase, index: int, config: TrainConfig,
                start_it: int, curve: list[dict[str, float]], ckpt: Callable,
                callback: Callable | None, progress: bool,
-               plan: Budget | None = None) -> tuple[int, bool]:
+               plan: TrainingPlan | None = None) -> tuple[int, bool]:
     """Iterations ``start_it..`` of a phase. Returns (iterations done,
     interrupted)."""
     plan = plan or config.plan
@@ -921,7 +921,7 @@ def fine_tune(policy: LearnedPolicy, machine: str | Machine, steps: int, *,
     agent = copy.deepcopy(policy.learner)
     m = load_machine(machine)
     num_envs = max(1, min(64, steps))
-    plan = replace(BUDGETS["smoke"], num_envs=num_envs,
+    plan = replace(TRAINING_PLANS["smoke"], num_envs=num_envs,
                    rollout=max(1, min(32, steps // num_envs)))
     config = TrainConfig(machine=m.name, seed=seed, lr=lr, lr_final=lr / 10,
                          ent_coef=0.0, features=policy.features,
@@ -1064,7 +1064,8 @@ def bandit_curve(machine: str | Machine = "hetero-4", steps: int = 400,
 
 
 __all__ = [
-    "BUDGETS", "STAGES", "Budget", "StageReport", "TrainConfig", "TrainResult",
+    "STAGES", "TRAINING_PLANS", "StageReport", "TrainConfig", "TrainResult",
+    "TrainingPlan",
     "bandit_curve", "evaluate", "fine_tune", "format_evaluation",
     "held_out_tasks", "imitate", "imitation_labels", "train",
 ]

@@ -37,15 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from lib.baselines import Policy
-from lib.book import pick
+from lib.budgets import pick
 from lib.contract import KINDS, TaskSpec
 from lib.costmodel.model import split_time_coefficients
 from lib.execution import get_backend
 from lib.execution.model import params_for
-from lib.machines import Machine, load_machine
+from lib.platform.machines import Machine, load_machine
+from lib.platform.telemetry import Snapshot, busy, idle
+from lib.policies.baselines import Policy
 from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
-from lib.telemetry import Snapshot, busy, idle
 
 #: Sizes per kind as (small, large) of the first dimension; the ladder between
 #: them is geometric. Large enough on the model backend to stress real GPUs;
@@ -365,7 +365,7 @@ class EvalReport:
 
 def _learned_policy(path: str | None, notes: list[str], **options: Any):
     try:
-        from lib.agent.policy import load_policy
+        from lib.policies.learned import load_policy
     except ImportError:
         notes.append("no learned policy in this build: the rl rows are missing")
         return None
@@ -456,7 +456,7 @@ def _core_of(device: int) -> int:
 
 
 def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
-    from lib.telemetry import local_cpu_snapshot, nvml_snapshot
+    from lib.platform.telemetry import local_cpu_snapshot, nvml_snapshot
 
     return local_cpu_snapshot(machine, interval=0.2) if backend == "cpu" \
         else nvml_snapshot()
@@ -464,7 +464,7 @@ def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
 
 def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
                on_row) -> list[Row]:
-    from lib.costmodel.optimum import optimum
+    from lib.policies.oracle import optimum
 
     params = params_for(machine.name)
     rows = []
@@ -530,9 +530,9 @@ def _table4(rows: list[Row], seed: int) -> list[dict[str, Any]]:
 def _score(policy, machine: Machine, tasks: Sequence[TaskSpec],
            snap: Snapshot | None) -> tuple[float, float]:
     """(geo-mean speedup over equal, geo-mean T/T_opt) on the model backend."""
-    from lib.baselines import EqualSplit
     from lib.costmodel import predict
-    from lib.costmodel.optimum import optimum
+    from lib.policies.baselines import EqualSplit
+    from lib.policies.oracle import optimum
     from lib.security import check_decision
 
     params = params_for(machine.name)
@@ -575,7 +575,7 @@ def _ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, Any
 def _curriculum_ablation(machine, tasks, snap, budget, notes) -> list[dict[str, Any]]:
     """Two short trainings, with and without the curriculum, compared alike."""
     try:
-        from lib.agent.pipeline import TrainConfig, train
+        from lib.training.pipeline import TrainConfig, train
     except ImportError:
         notes.append("curriculum ablation skipped: no training pipeline")
         return []
@@ -610,7 +610,7 @@ def _transfer(learned, budget: str, seed: int, notes: list[str]
         out.append({"machine": f"{machine.name} ({names})", "when": "zero-shot",
                     "speedup": speed, "ratio_to_optimum": ratio})
         try:
-            from lib.agent.pipeline import fine_tune
+            from lib.training.pipeline import fine_tune
         except ImportError:
             continue
         tuned = fine_tune(learned, machine, steps=pick(budget, smoke=64, quick=512,
@@ -658,7 +658,7 @@ def targets(report: EvalReport, machine: Machine) -> list[Target]:
         for tid in ("T1", "T2", "T3", "T4"):
             out.append(Target(tid, False, "no learned policy evaluated", "-",
                               "a target that cannot be checked does not pass"))
-    from lib.audit import run_audit
+    from lib.evaluation.audit import run_audit
 
     audit = run_audit(repeats=1)
     ok = audit.recall == 1.0 and audit.intended_accuracy == 1.0 \

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.agent.nn import (
+from lib.learners.nn import (
     MLP,
     Adam,
     AdamConfig,

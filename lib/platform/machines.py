@@ -6,7 +6,7 @@ bandwidth), each device's link to the host, and the peer links between devices
 tagged ``measured`` or ``estimated`` with a note saying where it came from, and
 the two are never pooled: :meth:`Machine.provenance_table` lists them apart.
 
-Shipped profiles (``lib/profiles/*.json`` plus two built at load time):
+Shipped profiles (``lib/platform/profiles/*.json`` plus two built at load time):
 
 - ``hetero-4``: four genuinely different GPUs (H100 SXM, A100 80GB SXM, V100
   SXM2, T4) with a mixed NVLink/PCIe topology. Simulated; the default.
@@ -271,7 +271,7 @@ def _number(spec: Any, where: str) -> float:
 
 
 def machine_from_json(obj: Mapping[str, Any]) -> Machine:
-    """Build a machine from a profile object (the format of ``lib/profiles``).
+    """Build a machine from a profile object (the format of ``lib/platform/profiles``).
 
     Devices are ``{"catalog": "H100 SXM"}`` (optionally ``"scale"`` and
     ``"note"`` for induced slow-downs); host links name a kind; peer links are
@@ -402,7 +402,7 @@ def _catalog_name(nvml_name: str) -> str:
         if key in text:
             return model
     raise MachineError(f"nvml: GPU {nvml_name!r} is not in the catalog; add it to "
-                       "lib.machines.GPU_CATALOG")
+                       "lib.platform.machines.GPU_CATALOG")
 
 
 # --------------------------------------------------------------------------
@@ -413,7 +413,7 @@ _BUILT = {"local-cpu": local_cpu_machine, "nvml": nvml_machine}
 
 def list_machines() -> list[str]:
     """Names of every shipped profile."""
-    files = resources.files("lib").joinpath("profiles")
+    files = resources.files("lib.platform").joinpath("profiles")
     shipped = sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
     return shipped + sorted(_BUILT)
 
@@ -424,7 +424,7 @@ def load_machine(name: str | Machine) -> Machine:
         return name
     if name in _BUILT:
         return _BUILT[name]()
-    path = resources.files("lib").joinpath("profiles", f"{name}.json")
+    path = resources.files("lib.platform").joinpath("profiles", f"{name}.json")
     if not isinstance(name, str) or "/" in name or not path.is_file():
         raise MachineError(f"unknown machine {name!r}; known: "
                            f"{', '.join(list_machines())}")

@@ -1,19 +1,19 @@
 """A trained learner as a policy: ``decide(task, machine, telemetry) -> Decision``.
 
-:class:`LearnedPolicy` puts a learner (a :class:`~lib.agent.ppo.PPOAgent` by
-default; a :class:`~lib.agent.td3.TD3Agent` or a
-:class:`~lib.agent.bandit.ShareBandit` too) behind the interface every baseline
+:class:`LearnedPolicy` puts a learner (a :class:`~lib.learners.ppo.PPOAgent` by
+default; a :class:`~lib.learners.td3.TD3Agent` or a
+:class:`~lib.learners.bandit.ShareBandit` too) behind the interface every baseline
 answers, so the runtime drives it like any other policy. One decision:
 
 1. the observation exactly as ``GPUHive-Split-v0`` shows it:
-   :func:`lib.contract.encode_state` and :func:`lib.env.spaces.masks`, flattened
-   in :data:`lib.env.spaces.OBS_KEYS` order (:class:`ObservationEncoder`);
+   :func:`lib.contract.encode_state` and :func:`lib.policies.actions.masks`, flattened
+   in :data:`lib.policies.actions.OBS_KEYS` order (:class:`ObservationEncoder`);
 2. the learner's deterministic action under the masks (PPO: the Dirichlet mean
    and the most probable option of each head, by a single-observation forward
    pass that skips the critic and the log-probabilities);
 3. the action turned into a :class:`~lib.contract.Decision` the way the
-   environment does (:func:`lib.env.spaces.project_share_row`, then
-   :func:`lib.env.spaces.decision_from_weights_row`).
+   environment does (:func:`lib.policies.actions.project_share_row`, then
+   :func:`lib.policies.actions.decision_from_weights_row`).
 
 The decision is returned unhashed: the runtime hashes it and runs Gate 1.
 
@@ -42,34 +42,30 @@ from typing import Any
 
 import numpy as np
 
-from lib.agent.distributions import concentration_forward
-from lib.agent.ppo import PolicyFormatError, PPOAgent
-from lib.contract import (
-    COMM_PATHS,
-    MODES,
-    STATE_DEVICES,
-    STATE_DIM,
-    STATE_FIELDS,
-    STATE_VERSION,
-    TASK_FEATURES,
-    Decision,
-    TaskSpec,
-    encode_state,
-    encode_task,
-)
-from lib.env.spaces import (
-    BLOCKS,
+from lib.contract import BLOCKS, COMM_PATHS, MODES, Decision, TaskSpec
+from lib.learners.distributions import concentration_forward
+from lib.learners.ppo import PolicyFormatError, PPOAgent
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.policies.actions import (
     CHUNKS,
     OBS_KEYS,
     decision_from_weights_row,
     masks,
     project_share_row,
 )
-from lib.machines import Machine
-from lib.telemetry import Snapshot
+from lib.policies.observation import (
+    STATE_DEVICES,
+    STATE_DIM,
+    STATE_FIELDS,
+    STATE_VERSION,
+    TASK_FEATURES,
+    encode_state,
+    encode_task,
+)
 
 #: Where the shipped policies live.
-POLICY_DIR = Path(__file__).resolve().parent.parent / "policies"
+POLICY_DIR = Path(__file__).resolve().parent
 #: The policy :func:`load_policy` loads without a path.
 DEFAULT_POLICY = POLICY_DIR / "hetero-4.npz"
 

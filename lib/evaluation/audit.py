@@ -42,12 +42,12 @@ from typing import Any
 
 from lib.codegen.specialise import KERNELS_DIR, single_kernel
 from lib.contract import Decision, TaskSpec
-from lib.machines import Machine, load_machine
+from lib.platform.machines import Machine, load_machine
+from lib.platform.telemetry import busy
 from lib.security.gate1 import check_decision
 from lib.security.scan import check_compile_options, scan_source
 from lib.security.seal import Seal, SealedEntry
 from lib.security.verdict import Verdict
-from lib.telemetry import busy
 
 GATES = ("gate1", "gate2a", "gate2b")
 MACHINE = "hetero-4"

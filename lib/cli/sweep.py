@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lib.baselines import EqualSplit, decision_from_weights
-from lib.contract import TaskSpec
+from lib.contract import TaskSpec, decision_from_weights
 from lib.execution import get_backend
-from lib.machines import load_machine
+from lib.platform.machines import load_machine
+from lib.policies.baselines import EqualSplit
 
 #: small tasks per kind: a sweep must finish within minutes
 SWEEP_TASKS = {

@@ -2,7 +2,7 @@
 
 - :class:`MaskedCategorical` -- one discrete choice among ``n`` options, some
   of them forbidden. Masking follows Stable-Baselines3 (``MaskableCategorical``):
-  forbidden logits are replaced by :data:`~lib.agent.nn.MASK_LOGIT`, so their
+  forbidden logits are replaced by :data:`~lib.learners.nn.MASK_LOGIT`, so their
   probability is exactly 0, they contribute nothing to the entropy and receive
   no gradient.
 - :class:`MaskedDirichlet` -- the allocation head: a Dirichlet over the usable
@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from lib.agent.nn import MASK_LOGIT, sigmoid, softplus
+from lib.learners.nn import MASK_LOGIT, sigmoid, softplus
 
 # --------------------------------------------------------------------------
 # Special functions

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.machines import Machine
+from lib.platform.machines import Machine
 
 #: Utilisation is clipped here so a busy device is slow, never infinitely so.
 MAX_UTILISATION = 0.95

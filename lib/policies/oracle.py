@@ -25,21 +25,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lib.baselines import DEFAULT_BLOCK, EqualSplit, ProportionalToPeak
-from lib.contract import Decision, TaskSpec
+from lib.contract import DEFAULT_BLOCK, PIPELINE_CHUNKS, Decision, TaskSpec
 from lib.costmodel.model import (
     CostParams,
     Prediction,
     predict,
     split_time_coefficients,
 )
-from lib.machines import Machine
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import workload
+from lib.policies.baselines import EqualSplit, ProportionalToPeak
 from lib.security.gate1 import MEMORY_MARGIN, check_decision
-from lib.telemetry import Snapshot
-from lib.workloads import workload
 
-#: pipelined mode: chunks per shard tried (chunk = largest shard / c).
-PIPELINE_CHUNKS = (2, 4, 8, 16, 32, 64)
 #: subsets per merge variant priced with the full model.
 TOP_SUBSETS = 6
 BISECTION_STEPS = 80
@@ -203,41 +201,3 @@ class Oracle:
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
         return optimum(task, machine, telemetry).decision
-
-
-#: GPU models of the synthetic machines the benchmark searches over.
-BENCH_MODELS = ("H100 SXM", "A100 80GB SXM", "V100 SXM2 32GB", "T4", "L4", "A10",
-                "RTX 4090", "H200 SXM")
-
-
-def benchmark(device_counts: tuple[int, ...] = (2, 4, 8), repeats: int = 20,
-              seed: int = 0) -> list[dict[str, float]]:
-    """Time :func:`optimum` on synthetic machines of 2, 4 and 8 different GPUs.
-
-    Each row: device count, median and p90 milliseconds over ``repeats`` searches
-    (a matmul, a reduce and a stencil in turn), and candidates priced.
-    """
-    from lib.machines import machine_from_json
-
-    rng = np.random.default_rng(seed)
-    tasks = [TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192}),
-             TaskSpec("reduce", {"N": 1 << 28}),
-             TaskSpec("stencil", {"H": 16384, "W": 16384, "T": 8})]
-    rows = []
-    for k in device_counts:
-        machine = machine_from_json({
-            "name": f"bench-{k}", "nccl": True,
-            "devices": [{"catalog": BENCH_MODELS[i % len(BENCH_MODELS)]}
-                        for i in range(k)],
-            "peers": [{"a": i, "b": i + 1, "kind": "nvlink"}
-                      for i in range(0, k - 1, 2)]})
-        times, cands = [], 0
-        optimum(tasks[0], machine)  # warm caches
-        for r in range(repeats):
-            best = optimum(tasks[int(rng.integers(len(tasks))) if r else 0], machine)
-            times.append(best.seconds)
-            cands = best.candidates
-        rows.append({"devices": k, "median_ms": float(np.median(times)) * 1e3,
-                     "p90_ms": float(np.percentile(times, 90)) * 1e3,
-                     "candidates": cands})
-    return rows

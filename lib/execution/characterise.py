@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from lib.baselines import decision_from_weights
-from lib.contract import KINDS, Decision, TaskSpec
-from lib.costmodel.calibrate import characterisation_path, write_json_atomic
+from lib.budgets import check_budget, plans
+from lib.contract import KINDS, Decision, TaskSpec, decision_from_weights
 from lib.execution import BACKENDS, BackendUnavailable, get_backend
 from lib.execution.cpu import shm_root
-from lib.machines import Machine, MachineError, load_machine
-from lib.telemetry import TelemetryError, local_cpu_snapshot
-from lib.workloads import workload
+from lib.platform.machines import Machine, MachineError, load_machine
+from lib.platform.telemetry import TelemetryError, local_cpu_snapshot
+from lib.platform.workloads import workload
+from lib.storage import characterisation_path, write_json_atomic
 
 SCHEMA = "gpuhive.characterisation/1"
 
@@ -70,7 +70,7 @@ Dims = Mapping[str, int]
 
 
 @dataclass(frozen=True)
-class Budget:
+class CharacterisationPlan:
     """How much one characterisation measures.
 
     Attributes:
@@ -119,8 +119,8 @@ def _grid(*ns: int, t: int) -> tuple[Dims, ...]:
 #: handing B over rather than by arithmetic: they separate the host link's cost
 #: from the efficiencies, which the other kinds (every byte count growing with
 #: the same rows) cannot.
-BUDGETS: dict[str, Budget] = {
-    "smoke": Budget(
+CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
+    "smoke": CharacterisationPlan(
         sizes={"matmul": _sq(64, 160, 400) + ({"M": 8, "N": 768, "K": 768},),
                "reduce": _vec(10**4, 10**5, 10**6),
                "elementwise": _vec(10**4, 10**5, 10**6),
@@ -131,7 +131,7 @@ BUDGETS: dict[str, Budget] = {
                "histogram": _vec(10**6, B=64)},
         patterns=("equal", "ramp"), passes=2, repeats=2, warmup=1, latency_runs=3,
         copy_bytes=8 * 2**20, copy_repeats=3),
-    "quick": Budget(
+    "quick": CharacterisationPlan(
         sizes={"matmul": _sq(64, 160, 400, 1000)
                + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 2048, "K": 2048}),
                "reduce": _vec(10**4, 10**5, 10**6, 10**7),
@@ -144,7 +144,7 @@ BUDGETS: dict[str, Budget] = {
                "histogram": _vec(10**6, 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=3, repeats=3, warmup=1,
         latency_runs=6, copy_bytes=64 * 2**20, copy_repeats=5),
-    "full": Budget(
+    "full": CharacterisationPlan(
         sizes={"matmul": _sq(64, 128, 256, 512, 1024, 2048)
                + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 4096, "K": 4096}),
                "reduce": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7),
@@ -158,7 +158,7 @@ BUDGETS: dict[str, Budget] = {
                "histogram": _vec(10**6, 10**7, 4 * 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=5, repeats=5, warmup=1,
         latency_runs=10, copy_bytes=256 * 2**20, copy_repeats=9),
-}
+}, "characterisation plans")
 
 
 def pattern_weights(pattern: str, n: int) -> list[float]:
@@ -322,7 +322,7 @@ def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
             "purpose": purpose}
 
 
-def _plan(machine: Machine, budget: Budget, seed: int) -> list[tuple]:
+def _plan(machine: Machine, budget: CharacterisationPlan, seed: int) -> list[tuple]:
     steps: list[tuple] = []
     for kind in KINDS:
         smallest = True
@@ -367,11 +367,12 @@ def characterise(machine_name: str, backend: str = "cpu", *, budget: str = "quic
             (simulated profile, no CUDA, unknown names); the message says what
             is missing.
     """
-    if budget not in BUDGETS:
-        raise CharacterisationError(f"unknown budget {budget!r}; expected one of "
-                                    f"{', '.join(BUDGETS)}")
+    try:
+        check_budget(budget)
+    except ValueError as exc:
+        raise CharacterisationError(str(exc)) from None
     machine = _check_measurable(machine_name, backend)
-    plan_budget = BUDGETS[budget]
+    plan_budget = CHARACTERISATION_PLANS[budget]
     try:
         runner = get_backend(backend, machine, seed=seed,
                              repeats=plan_budget.repeats, warmup=plan_budget.warmup)
@@ -401,7 +402,7 @@ def _background(machine: Machine) -> dict[str, Any] | None:
             for i, u in enumerate(snap.utilisation)}
 
 
-def _measure(machine: Machine, backend: str, runner: Any, budget: Budget,
+def _measure(machine: Machine, backend: str, runner: Any, budget: CharacterisationPlan,
              budget_name: str, seed: int, progress: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
@@ -570,9 +571,10 @@ def _throughput(machine: Machine, runs: Sequence[Mapping[str, Any]]
                     "bytes": work.mem_traffic,
                     "seconds": measured(s, "s", method),
                     "flop_rate": measured(work.flops / s, "FLOP/s",
-                                          "work count (lib.workloads) / seconds"),
+                                          "work count (lib.platform.workloads) "
+                                          "/ seconds"),
                     "byte_rate": measured(work.mem_traffic / s, "B/s",
-                                          "memory traffic (lib.workloads) / "
+                                          "memory traffic (lib.platform.workloads) / "
                                           "seconds"),
                 })
             entry: dict[str, Any] = {"points": points}
@@ -593,7 +595,7 @@ def _throughput(machine: Machine, runs: Sequence[Mapping[str, Any]]
     return out
 
 
-def _host_link(machine: Machine, runner: Any, budget: Budget,
+def _host_link(machine: Machine, runner: Any, budget: CharacterisationPlan,
                runs: list[dict[str, Any]], bar: Any) -> dict[str, Any]:
     """Latency from a near-empty task; bandwidth from elementwise runs."""
     tiny = TaskSpec("elementwise", {"N": 1})
@@ -632,7 +634,7 @@ def _host_link(machine: Machine, runner: Any, budget: Budget,
     return out
 
 
-def _shm_host(machine: Machine, budget: Budget) -> dict[str, Any]:
+def _shm_host(machine: Machine, budget: CharacterisationPlan) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for dev, core in enumerate(_cores(machine)):
         write_s, read_s = _shm_copy_seconds(budget.copy_bytes, core, core,
@@ -648,7 +650,7 @@ def _shm_host(machine: Machine, budget: Budget) -> dict[str, Any]:
     return out
 
 
-def _peers(machine: Machine, budget: Budget) -> dict[str, Any]:
+def _peers(machine: Machine, budget: CharacterisationPlan) -> dict[str, Any]:
     cores = _cores(machine)
     pairs = [(i, j) for i in range(machine.n) for j in range(machine.n) if i != j]
     if not pairs:

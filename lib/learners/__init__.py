@@ -13,27 +13,24 @@ observation vector and masks, which shares and which discrete options?
   devices.
 - ``choices``: ``list[int]``, one allowed option index per discrete head.
 
-:class:`Learner` states it as a protocol. The runtime wraps a learner into a
-policy ``decide(task, machine, telemetry) -> Decision`` (encode the state, build
-the masks, map shares and choices onto a :class:`lib.contract.Decision`).
+:class:`Learner` states it as a protocol. The decision plane wraps a learner
+into a policy ``decide(task, machine, telemetry) -> Decision`` (encode the state,
+build the masks, map shares and choices onto a :class:`lib.contract.Decision`):
+that is :class:`lib.policies.learned.LearnedPolicy`, one layer up. Nothing here
+knows about tasks, machines or decisions: these are pure NumPy learners.
 
 Modules:
 
-- :mod:`lib.agent.nn` -- layers with paired forward/backward passes, MLP, Adam.
-- :mod:`lib.agent.distributions` -- masked categorical and masked Dirichlet,
+- :mod:`lib.learners.nn` -- layers with paired forward/backward passes, MLP, Adam.
+- :mod:`lib.learners.distributions` -- masked categorical and masked Dirichlet,
   digamma/trigamma, with gradients.
-- :mod:`lib.agent.normalize` -- running observation statistics.
-- :mod:`lib.agent.ppo` -- GAE, :class:`PPOAgent` (Dirichlet allocation head,
+- :mod:`lib.learners.normalize` -- running observation statistics.
+- :mod:`lib.learners.ppo` -- GAE, :class:`PPOAgent` (Dirichlet allocation head,
   masked categorical heads, value head), policy files.
-- :mod:`lib.agent.td3` -- :class:`TD3Agent` over softmax shares, replay buffer.
-- :mod:`lib.agent.bandit` -- :class:`ShareBandit`, LinUCB / Thompson sampling
+- :mod:`lib.learners.td3` -- :class:`TD3Agent` over softmax shares, replay buffer.
+- :mod:`lib.learners.bandit` -- :class:`ShareBandit`, LinUCB / Thompson sampling
   over perturbations of a base decision, for online adaptation.
-- :mod:`lib.agent.toy` -- a one-step problem with a known optimum.
-- :mod:`lib.agent.bench` -- timing of PPO updates and of acting.
-- :mod:`lib.agent.policy` -- :class:`LearnedPolicy` (a learner behind
-  ``decide``), :func:`load_policy` (the shipped ``lib/policies/hetero-4.npz``).
-- :mod:`lib.agent.pipeline` -- :func:`train` (three stages, checkpoints,
-  curves, held-out evaluation), :func:`fine_tune`.
+- :mod:`lib.learners.toy` -- a one-step problem with a known optimum.
 """
 
 from __future__ import annotations
@@ -43,10 +40,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from lib.agent.bandit import BanditConfig, ShareBandit, log_speedup
-from lib.agent.policy import LearnedPolicy, load_policy
-from lib.agent.ppo import PolicyFormatError, PPOAgent, PPOConfig, gae
-from lib.agent.td3 import TD3Agent, TD3Config
+from lib.learners.bandit import BanditConfig, ShareBandit, log_speedup
+from lib.learners.ppo import PolicyFormatError, PPOAgent, PPOConfig, gae
+from lib.learners.td3 import TD3Agent, TD3Config
 
 
 @runtime_checkable
@@ -59,7 +55,7 @@ class Learner(Protocol):
 
 
 __all__ = [
-    "BanditConfig", "LearnedPolicy", "Learner", "PPOAgent", "PPOConfig",
+    "BanditConfig", "Learner", "PPOAgent", "PPOConfig",
     "PolicyFormatError", "ShareBandit", "TD3Agent", "TD3Config", "gae",
-    "load_policy", "log_speedup",
+    "log_speedup",
 ]

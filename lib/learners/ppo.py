@@ -9,7 +9,7 @@ The policy (Schulman et al., 2017, clipped objective; GAE from Schulman et al.,
   given at construction, each with its own mask, e.g. mode or comm path);
 - a value estimate.
 
-Architecture: the actor is one :class:`~lib.agent.nn.MLP`
+Architecture: the actor is one :class:`~lib.learners.nn.MLP`
 ``obs -> hidden... -> [z (n_devices) | logits_1 | ... | logits_H]``: the hidden
 layers are a shared trunk and the heads are slices of its last affine layer;
 concentrations are ``alpha = softplus(z) + alpha_min``. The critic is a separate
@@ -44,14 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from lib.agent.distributions import (
+from lib.learners.distributions import (
     MaskedCategorical,
     MaskedDirichlet,
     concentration_backward,
     concentration_forward,
 )
-from lib.agent.nn import MLP, Adam, AdamConfig, Params, assign_params, prefixed
-from lib.agent.normalize import RunningMeanStd
+from lib.learners.nn import MLP, Adam, AdamConfig, Params, assign_params, prefixed
+from lib.learners.normalize import RunningMeanStd
 
 #: Format tag and version written into every saved policy.
 POLICY_FORMAT = "lib.agent.ppo"

@@ -1,0 +1,5 @@
+"""``python -m lib.cli``: the ``gpuhive`` command."""
+
+from lib.cli import main
+
+raise SystemExit(main())
