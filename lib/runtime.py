@@ -16,44 +16,15 @@ every decision with Gate 1 whatever its origin, and never runs a rejected one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from lib.contract import Decision, TaskSpec
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
-from lib.policies.baselines import BASELINES, Policy, ProportionalToPeak
+from lib.policies.baselines import Policy
+from lib.policies.registry import default_policy
 from lib.security import Verdict, check_decision
-
-
-def default_policy() -> Policy:
-    """The shipped learned policy, or proportional-to-peak without one."""
-    from lib.policies.learned import PolicyFormatError, load_policy
-
-    try:
-        return load_policy()
-    except PolicyFormatError:
-        return ProportionalToPeak()
-
-
-def _oracle() -> Policy:
-    from lib.policies.oracle import Oracle
-
-    return Oracle()
-
-
-#: Every policy by name: the learned one (``rl``), the six cheap baselines and
-#: the exhaustive optimum (``oracle``). Each value makes a fresh policy.
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "rl": default_policy, **BASELINES, "oracle": _oracle}
-
-
-def make_policy(name: str, seed: int = 0) -> Policy:
-    """A policy by name (see :data:`POLICIES`); ``random`` takes the seed."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return POLICIES[name](seed) if name == "random" else POLICIES[name]()
 
 
 class DecisionRejected(ValueError):

@@ -31,7 +31,8 @@ from lib.contract import KIND_DIMS, KINDS, ContractError, Decision, TaskSpec
 from lib.execution import BACKENDS, BackendUnavailable, ExecutionError
 from lib.platform.machines import MachineError, list_machines, load_machine
 from lib.policies.baselines import EqualSplit
-from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
+from lib.policies.registry import POLICIES, make_policy
+from lib.runtime import Agent, DecisionRejected
 from lib.security import check_decision
 
 
@@ -436,7 +437,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "latency" in want:
         from lib.evaluation.harness import decision_latency
         from lib.platform.telemetry import idle
-        from lib.runtime import default_policy
+        from lib.policies.registry import default_policy
 
         machine = load_machine("hetero-4")
         lat = decision_latency(default_policy(), machine, [idle(machine)],

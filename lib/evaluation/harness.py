@@ -45,7 +45,8 @@ from lib.execution.model import params_for
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot, busy, idle
 from lib.policies.baselines import Policy
-from lib.runtime import POLICIES, Agent, DecisionRejected, make_policy
+from lib.policies.registry import POLICIES, make_policy
+from lib.runtime import Agent, DecisionRejected
 
 #: Sizes per kind as (small, large) of the first dimension; the ladder between
 #: them is geometric. Large enough on the model backend to stress real GPUs;

@@ -42,13 +42,11 @@ class Policy(Protocol):
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision: ...
 
-
 def usable_devices(machine: Machine, telemetry: Snapshot | None) -> list[int]:
     """Indices of devices that are healthy per telemetry (all without it)."""
     if telemetry is None:
         return list(range(machine.n))
     return [i for i in range(machine.n) if telemetry.healthy[i]]
-
 
 class EqualSplit:
     """Equal shares over every usable device."""
@@ -59,7 +57,6 @@ class EqualSplit:
                telemetry: Snapshot | None = None) -> Decision:
         devices = usable_devices(machine, telemetry)
         return decision_from_weights(task, devices, [1.0] * len(devices))
-
 
 class ProportionalToPeak:
     """Shares proportional to peak FLOP/s (compute-bound) or bandwidth (memory)."""
@@ -75,12 +72,10 @@ class ProportionalToPeak:
             weights = [machine.devices[i].mem_bw for i in devices]
         return decision_from_weights(task, devices, weights)
 
-
 def _peak_weight(task: TaskSpec, machine: Machine, i: int) -> float:
     dev = machine.devices[i]
     return dev.peak_flops(task.dtype) if workload(task).bound == "compute" \
         else dev.mem_bw
-
 
 class SingleBest:
     """The one device with the smallest predicted time for the task."""
@@ -97,7 +92,6 @@ class SingleBest:
         best = min(devices, key=lambda i: (times[i], i))
         return decision_from_weights(task, [best], [1.0])
 
-
 class ProportionalToLive:
     """Proportional to peak throughput times the idle fraction ``1 - u``."""
 
@@ -111,7 +105,6 @@ class ProportionalToLive:
         weights = [_peak_weight(task, machine, i) * max(f, 0.05)
                    for i, f in zip(devices, idle, strict=True)]
         return decision_from_weights(task, devices, weights)
-
 
 class HeftGreedy:
     """StarPU dmda / HEFT-like greedy earliest finish on the cost model.
@@ -160,7 +153,6 @@ class HeftGreedy:
             left -= r
         return decision_from_weights(task, devices, [rows[i] for i in devices])
 
-
 class RandomSplit:
     """A seeded random non-empty subset with Dirichlet(1) shares."""
 
@@ -177,16 +169,11 @@ class RandomSplit:
         return decision_from_weights(task, chosen,
                                      self.rng.dirichlet(np.ones(k)).tolist())
 
-
 #: The cheap baselines by name. The seventh, the exhaustive optimum, is
-#: :class:`lib.policies.oracle.Oracle`; :data:`lib.runtime.POLICIES` lists all.
+#: :class:`lib.policies.oracle.Oracle`; :data:`lib.policies.registry.POLICIES`
+#: lists all.
+
 BASELINES: dict[str, type] = {p.name: p for p in (
     EqualSplit, SingleBest, ProportionalToPeak, ProportionalToLive, HeftGreedy,
     RandomSplit)}
 
-
-def get_policy(name: str) -> Policy:
-    """A baseline policy by name."""
-    if name not in BASELINES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(BASELINES)}")
-    return BASELINES[name]()

@@ -1,0 +1,48 @@
+"""Every policy by name: the one vocabulary the runtime, the CLI and the
+evaluation share.
+
+``rl`` is the shipped learned policy, the six cheap baselines come from
+:data:`lib.policies.baselines.BASELINES`, and ``oracle`` is the exhaustive
+optimum under the cost model. :func:`make_policy` also takes the path of a
+policy file (``.npz``), so a policy of one's own is named the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from lib.policies.baselines import BASELINES, Policy, ProportionalToPeak
+from lib.policies.learned import PolicyFormatError, load_policy
+from lib.policies.oracle import Oracle
+
+
+def default_policy() -> Policy:
+    """The shipped learned policy, or proportional-to-peak without one."""
+    try:
+        return load_policy()
+    except PolicyFormatError:
+        return ProportionalToPeak()
+
+
+#: Every policy by name: the learned one (``rl``), the six cheap baselines and
+#: the exhaustive optimum (``oracle``). Each value makes a fresh policy.
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "rl": default_policy, **BASELINES, "oracle": Oracle}
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    """A policy by name (see :data:`POLICIES`) or by the path of a policy file;
+    ``random`` takes the seed.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+        lib.learners.ppo.PolicyFormatError: a policy file that cannot be loaded
+            (a ValueError too; the message names the file).
+    """
+    if name in POLICIES:
+        return POLICIES[name](seed) if name == "random" else POLICIES[name]()
+    if name.endswith(".npz") or Path(name).is_file():
+        return load_policy(name)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, "
+                     "or the path of a policy file (.npz)")
