@@ -172,7 +172,6 @@ class RandomSplit:
 #: The cheap baselines by name. The seventh, the exhaustive optimum, is
 #: :class:`lib.policies.oracle.Oracle`; :data:`lib.policies.registry.POLICIES`
 #: lists all.
-
 BASELINES: dict[str, type] = {p.name: p for p in (
     EqualSplit, SingleBest, ProportionalToPeak, ProportionalToLive, HeftGreedy,
     RandomSplit)}
