@@ -26,6 +26,12 @@ machine (shares summing to one, devices that exist, memory that fits) is Gate 1'
 job, in :mod:`lib.security`.
 
 This module imports nothing of the project.
+
+Why one module: the contract's vocabulary (kinds, dtypes, modes, paths), the two
+objects, their strict parsers and the canonical form the hash is taken over must
+agree to the character; read together they can be checked against each other in
+one sitting, and anyone re-implementing the hash (the C++ reader, a reviewer)
+needs only this file.
 """
 
 from __future__ import annotations

@@ -9,24 +9,21 @@ import numpy as np
 import pytest
 
 from lib.contract import TaskSpec, decision_from_weights
-from lib.costmodel.calibrate import (
-    CalibrationError,
+from lib.costmodel.calibrate import calibrate, calibrate_machine
+from lib.costmodel.fit import (
     _FastModel,
     _get,
     _Slot,
-    _slots_for,
-    _with,
     average_ranks,
-    calibrate,
-    calibrate_machine,
-    calibration_path,
-    load_params,
+    params_with,
     parse_runs,
-    save_params,
+    slots_for,
     spearman,
 )
 from lib.costmodel.model import default_params, predict
+from lib.costmodel.parameters import CalibrationError, load_params, save_params
 from lib.platform.machines import load_machine
+from lib.storage import calibration_path
 
 #: What the synthetic machine "really" does (binding roofline terms only).
 TRUTH = {("compute_eff", ("cpu", "matmul")): 1.6,
@@ -52,7 +49,7 @@ def machine():
 
 def truth_params():
     slots = [_Slot(t, k) for t, k in TRUTH]
-    return _with(default_params(), slots, list(TRUTH.values()))
+    return params_with(default_params(), slots, list(TRUTH.values()))
 
 
 def synthetic_runs(machine, params, noise=0.01, seed=1):
@@ -77,7 +74,7 @@ def synthetic_runs(machine, params, noise=0.01, seed=1):
 def test_fast_model_matches_predict(machine):
     params = truth_params()
     runs = parse_runs(synthetic_runs(machine, params, noise=0.0), machine)
-    slots = _slots_for(machine, runs)
+    slots = slots_for(machine, runs)
     fast = _FastModel(runs, machine, slots, default_params())
     got = fast.predict(np.array([_get(params, s) for s in slots]))
     want = np.array([r.seconds for r in runs])

@@ -8,16 +8,12 @@ import math
 import pytest
 
 from lib.contract import KINDS
-from lib.evaluation.harness import (
-    bootstrap_ci,
-    evaluate,
-    geomean,
-    physical_limit,
-    task_set,
-)
+from lib.evaluation import evaluate
+from lib.evaluation.protocol import physical_limit
 from lib.platform.telemetry import busy
 from lib.platform.workloads import workload
 from lib.policies.oracle import optimum
+from lib.scoring import bootstrap_ci, geomean, task_set
 
 
 def _work(task):

@@ -24,11 +24,11 @@ from lib.policies.learned import (
     HEAD_SIZES,
     OBS_DIM,
     LearnedPolicy,
-    decision_latency,
     load_policy,
 )
 from lib.policies.observation import STATE_DEVICES, STATE_DIM, encode_state
 from lib.runtime import Agent
+from lib.scoring import decision_latency
 
 
 def reference_decide(policy: LearnedPolicy, task, machine, telemetry):

@@ -1,4 +1,5 @@
-"""A small timed sweep: every kind on one device and on all devices.
+"""``gpuhive sweep``: a small timed sweep, every kind on one device and on all
+devices.
 
 ``make gpu-check`` runs it on the GPU server (``--machine nvml --backend cuda``);
 here it runs on ``local-cpu`` with the ``cpu`` backend. Every row is verified
@@ -7,11 +8,20 @@ against the NumPy reference and labelled with its backend.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from lib.cli.common import (
+    LOCAL_MACHINE,
+    add_backend,
+    add_json,
+    add_machine,
+    emit,
+    fmt_seconds,
+)
 from lib.contract import TaskSpec, decision_from_weights
 from lib.execution import get_backend
 from lib.platform.machines import load_machine
@@ -67,3 +77,43 @@ def sweep(machine_name: str, backend: str, *, scale: float = 1.0, seed: int = 0,
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+HELP = "every kind on one device and on all devices, timed and verified " \
+       "(make gpu-check)"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``sweep`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "sweep", help=HELP,
+        description="Run a small task of every kind on device 0 alone and split "
+                    "equally over all devices, each timed and verified against "
+                    "the NumPy reference; exit 0 only if every row verified.")
+    add_machine(p, default=LOCAL_MACHINE)
+    add_backend(p, measuring=True)
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiplies every task's divisible dimension "
+                        "(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed repeats per row (default: %(default)s)")
+    p.add_argument("--out", metavar="FILE", help="write the JSON here")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the rows; exit 0 if every row verified, else 1."""
+    report = sweep(args.machine, args.backend, scale=args.scale,
+                   repeats=args.repeats, out=Path(args.out) if args.out else None)
+    lines = [f"sweep on {report['machine']} ({args.backend} backend), "
+             f"{report['wall_seconds']:.1f} s"]
+    for r in report["rows"]:
+        lines.append(f"  {r['kind']:<12} {r['plan']:<12} "
+                     f"{fmt_seconds(r['total_seconds']):>10} {r['label']:<16} "
+                     f"verified {str(r['verified']).lower()}")
+    if args.out:
+        lines.append(f"written to {args.out}")
+    emit(args, report, "\n".join(lines))
+    return 0 if report["all_verified"] else 1

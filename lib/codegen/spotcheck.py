@@ -31,8 +31,10 @@ import numpy as np
 
 from lib.codegen import emulate
 from lib.codegen.emulate import Buffer, Scalar, f32, i32, i64, read_only, read_write
+from lib.codegen.nvrtc import default_include_dir
 from lib.codegen.specialise import entry_name
 from lib.contract import Decision, TaskSpec
+from lib.platform.cudastack import probe
 from lib.platform.workloads import Elementwise, verify, workload
 
 RUNNERS = ("auto", "emulated", "cuda")
@@ -196,8 +198,6 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray
     """
     import cupy
 
-    from lib.codegen.nvrtc import default_include_dir
-
     options = ["--std=c++17"]
     if (inc := default_include_dir()) is not None:
         options.append(f"-I{inc}")
@@ -220,8 +220,6 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray
 
 @lru_cache(maxsize=1)
 def _device_usable() -> bool:
-    from lib.platform.cudastack import probe
-
     return bool(probe().usable)
 
 

@@ -29,6 +29,14 @@ in several passes, each in a fresh seeded random order, and a run's figure is
 the median over all its timed repeats: background load that comes and goes
 lands as scattered outliers the median discards, not as a bias on one size or
 kind. The load on the cores before and after is recorded too.
+
+The plans per budget are :mod:`lib.execution.characterisation_plans`; the direct
+shared-memory copies and round trips are :mod:`lib.execution.shm_links`.
+
+Why one module: (a) to (d) are one pass over the machine, sharing its runner,
+its disturbance checks (a run redone when other processes took the cores) and
+the record format; each section is short, and a reader following one
+measurement from plan to record stays in this file.
 """
 
 from __future__ import annotations
@@ -39,17 +47,21 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from multiprocessing import connection, get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lib.budgets import check_budget, plans
+from lib.budgets import check_budget
 from lib.contract import KINDS, Decision, TaskSpec, decision_from_weights
 from lib.execution import BACKENDS, BackendUnavailable, get_backend
+from lib.execution.characterisation_plans import (
+    CHARACTERISATION_PLANS,
+    CharacterisationPlan,
+    pattern_weights,
+)
 from lib.execution.cpu import shm_root
+from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_seconds
 from lib.platform.machines import Machine, MachineError, load_machine
 from lib.platform.telemetry import TelemetryError, local_cpu_snapshot
 from lib.platform.workloads import workload
@@ -61,115 +73,6 @@ SCHEMA = "gpuhive.characterisation/1"
 class CharacterisationError(RuntimeError):
     """This machine/backend cannot be measured here (the message says what is
     missing)."""
-
-
-# --------------------------------------------------------------------------
-# Budgets
-
-Dims = Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class CharacterisationPlan:
-    """How much one characterisation measures.
-
-    Attributes:
-        sizes: kind -> task dimensions measured one device at a time, on each
-            device (>= 3 per kind, spanning >= 100x in work).
-        multi: kind -> dimensions also run over all devices, once per share
-            pattern.
-        patterns: share patterns for multi-device runs (``"equal"``, ``"ramp"``
-            = 1:2:..:n, ``"reverse"`` = n:..:1).
-        passes: times the whole plan is done, each pass in a fresh random
-            order; a run's figure is the median over every timed repeat of
-            every pass, so a burst of someone else's load that covers one pass
-            does not decide it.
-        repeats: timed repeats per run and pass.
-        warmup: untimed runs before the timed ones (per run and pass).
-        latency_runs: runs of the near-empty task per device (each ``repeats``
-            timed repeats) for the hand-off latency.
-        copy_bytes: size of the direct shared-memory copy, bytes.
-        copy_repeats: repeats of each direct copy and ping-pong (medians).
-    """
-
-    sizes: Mapping[str, tuple[Dims, ...]]
-    multi: Mapping[str, tuple[Dims, ...]]
-    patterns: tuple[str, ...]
-    passes: int
-    repeats: int
-    warmup: int
-    latency_runs: int
-    copy_bytes: int
-    copy_repeats: int
-
-
-def _sq(*ns: int) -> tuple[Dims, ...]:
-    return tuple({"M": n, "N": n, "K": n} for n in ns)
-
-
-def _vec(*ns: int, **extra: int) -> tuple[Dims, ...]:
-    return tuple({"N": n, **extra} for n in ns)
-
-
-def _grid(*ns: int, t: int) -> tuple[Dims, ...]:
-    return tuple({"H": n, "W": n, "T": t} for n in ns)
-
-
-#: Thin matmuls (few rows of A, a large B every shard needs) are dominated by
-#: handing B over rather than by arithmetic: they separate the host link's cost
-#: from the efficiencies, which the other kinds (every byte count growing with
-#: the same rows) cannot.
-CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
-    "smoke": CharacterisationPlan(
-        sizes={"matmul": _sq(64, 160, 400) + ({"M": 8, "N": 768, "K": 768},),
-               "reduce": _vec(10**4, 10**5, 10**6),
-               "elementwise": _vec(10**4, 10**5, 10**6),
-               "stencil": _grid(64, 256, 640, t=2),
-               "histogram": _vec(10**4, 10**5, 2 * 10**6, B=64)},
-        multi={"matmul": _sq(400), "reduce": _vec(10**6),
-               "elementwise": _vec(10**6), "stencil": _grid(640, t=2),
-               "histogram": _vec(10**6, B=64)},
-        patterns=("equal", "ramp"), passes=2, repeats=2, warmup=1, latency_runs=3,
-        copy_bytes=8 * 2**20, copy_repeats=3),
-    "quick": CharacterisationPlan(
-        sizes={"matmul": _sq(64, 160, 400, 1000)
-               + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 2048, "K": 2048}),
-               "reduce": _vec(10**4, 10**5, 10**6, 10**7),
-               "elementwise": _vec(10**4, 10**5, 10**6, 10**7),
-               "stencil": _grid(64, 256, 1024, 2048, t=4),
-               "histogram": _vec(10**4, 10**5, 10**6, 10**7, B=256)},
-        multi={"matmul": _sq(400, 1000) + ({"M": 16, "N": 2048, "K": 2048},),
-               "reduce": _vec(10**6, 10**7), "elementwise": _vec(10**6, 10**7),
-               "stencil": _grid(1024, 2048, t=4),
-               "histogram": _vec(10**6, 10**7, B=256)},
-        patterns=("equal", "ramp", "reverse"), passes=3, repeats=3, warmup=1,
-        latency_runs=6, copy_bytes=64 * 2**20, copy_repeats=5),
-    "full": CharacterisationPlan(
-        sizes={"matmul": _sq(64, 128, 256, 512, 1024, 2048)
-               + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 4096, "K": 4096}),
-               "reduce": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7),
-               "elementwise": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7),
-               "stencil": _grid(64, 256, 1024, 2048, 4096, t=4),
-               "histogram": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7, B=256)},
-        multi={"matmul": _sq(512, 1024, 2048) + ({"M": 16, "N": 4096, "K": 4096},),
-               "reduce": _vec(10**6, 10**7, 4 * 10**7),
-               "elementwise": _vec(10**6, 10**7, 4 * 10**7),
-               "stencil": _grid(1024, 2048, 4096, t=4),
-               "histogram": _vec(10**6, 10**7, 4 * 10**7, B=256)},
-        patterns=("equal", "ramp", "reverse"), passes=5, repeats=5, warmup=1,
-        latency_runs=10, copy_bytes=256 * 2**20, copy_repeats=9),
-}, "characterisation plans")
-
-
-def pattern_weights(pattern: str, n: int) -> list[float]:
-    """Share weights of a multi-device pattern over ``n`` devices."""
-    if pattern == "equal":
-        return [1.0] * n
-    if pattern == "ramp":
-        return [float(i + 1) for i in range(n)]
-    if pattern == "reverse":
-        return [float(n - i) for i in range(n)]
-    raise ValueError(f"unknown share pattern {pattern!r}")
 
 
 # --------------------------------------------------------------------------
@@ -210,92 +113,6 @@ def _check_measurable(machine_name: str, backend: str) -> Machine:
             f"backend {backend} cannot measure machine {machine.name}: its devices "
             f"run for real only on backend(s) {have}")
     return machine
-
-
-# --------------------------------------------------------------------------
-# Direct shared-memory measurements (cpu backend)
-
-def _cores(machine: Machine) -> list[int]:
-    cores = sorted(os.sched_getaffinity(0))
-    return [cores[i % len(cores)] for i in range(machine.n)]
-
-
-def _shm_copy_seconds(nbytes: int, write_core: int, read_core: int,
-                      repeats: int) -> tuple[float, float]:
-    """(write seconds, read seconds), medians: a buffer written into a fresh
-    shared-memory file mapping on one core, then copied out through a fresh
-    mapping on another (page faults included, as a worker's are)."""
-    saved = os.sched_getaffinity(0)
-    src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
-    writes, reads = [], []
-    path = Path(shm_root()) / f"gpuhive-copy-{os.getpid()}.bin"
-    try:
-        for _ in range(repeats):
-            os.sched_setaffinity(0, {write_core})
-            t0 = time.perf_counter()
-            mm = np.memmap(path, dtype=np.uint8, mode="w+", shape=(nbytes,))
-            mm[:] = src
-            mm.flush()
-            del mm
-            writes.append(time.perf_counter() - t0)
-            os.sched_setaffinity(0, {read_core})
-            t0 = time.perf_counter()
-            mm = np.memmap(path, dtype=np.uint8, mode="r", shape=(nbytes,))
-            out = np.array(mm)
-            del mm
-            reads.append(time.perf_counter() - t0)
-            del out
-            path.unlink()
-    finally:
-        os.sched_setaffinity(0, saved)
-        path.unlink(missing_ok=True)
-    return statistics.median(writes), statistics.median(reads)
-
-
-def _echo_main(conn: connection.Connection) -> None:
-    """Helper process: pin to a core on request, echo everything else."""
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        if isinstance(msg, tuple) and msg[0] == "pin":
-            os.sched_setaffinity(0, {msg[1]})
-        conn.send(msg)
-
-
-def _ping_pong_seconds(pairs: Sequence[tuple[int, int]],
-                       repeats: int) -> dict[tuple[int, int], float]:
-    """One-way pipe latency between processes pinned to each (core, core) pair:
-    half the median round trip of a one-byte message."""
-    ctx = get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_echo_main, args=(child,), daemon=True,
-                       name="gpuhive-echo")
-    saved = os.sched_getaffinity(0)
-    out = {}
-    try:
-        proc.start()
-        child.close()
-        for a, b in pairs:
-            os.sched_setaffinity(0, {a})
-            parent.send(("pin", b))
-            parent.recv()
-            trips = []
-            for _ in range(max(20, 20 * repeats)):
-                t0 = time.perf_counter()
-                parent.send(b"x")
-                parent.recv()
-                trips.append(time.perf_counter() - t0)
-            out[(a, b)] = statistics.median(trips) / 2
-        parent.send(None)
-        proc.join(timeout=5)
-    finally:
-        os.sched_setaffinity(0, saved)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=2)
-        parent.close()
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -449,7 +266,7 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {"platform": platform.platform(), "python": platform.python_version(),
                  "numpy": np.__version__, "cpu": _cpu_model(),
-                 "cores": _cores(machine) if is_cpu else []},
+                 "cores": core_ids(machine) if is_cpu else []},
         "devices": [d.label for d in machine.devices],
         "conventions": (
             "Every measured number is {value, unit, provenance: measured, method}. "
@@ -636,8 +453,8 @@ def _host_link(machine: Machine, runner: Any, budget: CharacterisationPlan,
 
 def _shm_host(machine: Machine, budget: CharacterisationPlan) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for dev, core in enumerate(_cores(machine)):
-        write_s, read_s = _shm_copy_seconds(budget.copy_bytes, core, core,
+    for dev, core in enumerate(core_ids(machine)):
+        write_s, read_s = shm_copy_seconds(budget.copy_bytes, core, core,
                                             budget.copy_repeats)
         how = (f"median of {budget.copy_repeats} copies of {budget.copy_bytes} "
                f"bytes by this process pinned to core {core}, through a fresh "
@@ -651,18 +468,18 @@ def _shm_host(machine: Machine, budget: CharacterisationPlan) -> dict[str, Any]:
 
 
 def _peers(machine: Machine, budget: CharacterisationPlan) -> dict[str, Any]:
-    cores = _cores(machine)
+    cores = core_ids(machine)
     pairs = [(i, j) for i in range(machine.n) for j in range(machine.n) if i != j]
     if not pairs:
         return {}
-    latency = _ping_pong_seconds(sorted({(cores[i], cores[j]) for i, j in pairs}),
+    latency = ping_pong_seconds(sorted({(cores[i], cores[j]) for i, j in pairs}),
                                  budget.copy_repeats)
     out: dict[str, Any] = {
         "note": "the cpu backend merges in the host process; workers never send "
                 "to each other, so these figures describe the path a peer "
                 "exchange would take, not one Eq. (1) uses on this backend"}
     for i, j in pairs:
-        _, read_s = _shm_copy_seconds(budget.copy_bytes, cores[i], cores[j],
+        _, read_s = shm_copy_seconds(budget.copy_bytes, cores[i], cores[j],
                                       budget.copy_repeats)
         out[f"{i}->{j}"] = {
             "bandwidth": measured(

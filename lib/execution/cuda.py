@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from lib.codegen import CodeGenerator
+from lib.codegen.specialise import KIND_DTYPES
 from lib.contract import Decision, TaskSpec
 from lib.execution.base import (
     BackendUnavailable,
@@ -51,6 +53,7 @@ from lib.platform.cudastack import probe
 from lib.platform.machines import Machine
 from lib.platform.workloads import Arrays, round_bf16, split_rows, workload
 from lib.platform.workloads import verify as verify_output
+from lib.security.gate1 import check_decision
 
 MATMUL_TILE = 16
 #: 1-D grids are capped here; the kernels' grid-stride loops cover the rest.
@@ -69,8 +72,6 @@ def entry_point(task: TaskSpec) -> str:
     Raises:
         ExecutionError: the kernels have no entry point for the task's dtype.
     """
-    from lib.codegen.specialise import KIND_DTYPES
-
     if task.dtype not in KIND_DTYPES[task.kind]:
         raise ExecutionError(
             f"no {task.kind}_{task.dtype} kernel: {task.kind} runs in "
@@ -224,8 +225,6 @@ class CudaBackend:
         except DeviceError as err:
             if not self.allow_replan:
                 raise
-            from lib.security.gate1 import check_decision
-
             fallback = replan(decision, err.device).with_hash(task)
             verdict = check_decision(fallback, task, self.machine)
             if not verdict.accepted:
@@ -490,8 +489,6 @@ def default_source_provider(task: TaskSpec, decision: Decision):
         ``cupy.RawModule``, which targets the current device.
     """
     global _GENERATOR
-    from lib.codegen import CodeGenerator
-
     if _GENERATOR is None:
         _GENERATOR = CodeGenerator(measure_resources=False)
     kernel = _GENERATOR.generate(task, decision, provider="template")

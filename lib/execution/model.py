@@ -12,20 +12,13 @@ even where no device exists.
 from __future__ import annotations
 
 from lib.contract import Decision, TaskSpec
-from lib.costmodel import CostParams, default_params, predict
+from lib.costmodel import CostParams, predict
+from lib.costmodel.parameters import params_for
 from lib.execution.base import ExecutionMetrics, Result
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
 from lib.platform.workloads import verify as verify_output
-
-
-def params_for(machine_name: str) -> CostParams:
-    """The machine's calibrated parameters where ``gpuhive calibrate`` saved
-    some, else the uncalibrated defaults (``params.source`` says which)."""
-    from lib.costmodel.calibrate import load_params
-
-    return load_params(machine_name) or default_params()
 
 
 class ModelBackend:

@@ -32,12 +32,16 @@ Observation normalisation: :meth:`PPOAgent.act` normalises with the current
 running statistics without changing them; :meth:`PPOAgent.update` normalises the
 batch with those same statistics (so the recomputed log-probabilities match the
 ones recorded) and merges the batch into the statistics at the end.
+
+:class:`PPOAgent` is a :class:`lib.learners.TrainableLearner`: :meth:`~PPOAgent.explore`
+and :meth:`~PPOAgent.record` build such a batch from one-step episodes (advantage
+``reward - V(s)``) and :meth:`~PPOAgent.learn` hands it to :meth:`~PPOAgent.update`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +187,23 @@ def _inv_softplus(y: float) -> float:
     return float(y + np.log(-np.expm1(-y)))
 
 
+def adam_arrays(prefix: str, opt: Adam) -> dict[str, np.ndarray]:
+    """An optimiser's moments as checkpoint arrays ``<prefix>.m/<param>`` and
+    ``<prefix>.v/<param>`` (the live arrays, not copies)."""
+    return {**{f"{prefix}.m/{k}": v for k, v in opt.m.items()},
+            **{f"{prefix}.v/{k}": v for k, v in opt.v.items()}}
+
+
+def restore_adam(prefix: str, opt: Adam, arrays: Mapping[str, np.ndarray],
+                 t: int) -> None:
+    """Inverse of :func:`adam_arrays`: copy the moments into ``opt`` in place
+    and set its step count to ``t``."""
+    for k in opt.m:
+        opt.m[k][...] = arrays[f"{prefix}.m/{k}"]
+        opt.v[k][...] = arrays[f"{prefix}.v/{k}"]
+    opt.t = int(t)
+
+
 @dataclass
 class ActOutput:
     """What :meth:`PPOAgent.act_batch` returns (``B`` rows)."""
@@ -244,6 +265,11 @@ class PPOAgent:
         offsets = np.cumsum([0, self.n_devices, *self.discrete_sizes])
         self._slices = [slice(int(a), int(b))
                         for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        # The last explore() awaiting its rewards, and the explored steps with
+        # their rewards awaiting learn(): (obs, device_mask, discrete_masks,
+        # ActOutput[, reward]).
+        self._explored: tuple | None = None
+        self._rollout: list[tuple] = []
 
     # ------------------------------------------------------------------
     # Acting
@@ -456,6 +482,90 @@ class PPOAgent:
         if c.normalize_obs:
             self.obs_rms.update(x)
         return out
+
+    # ------------------------------------------------------------------
+    # Training interface (lib.learners.TrainableLearner)
+
+    def explore(self, obs: np.ndarray, device_mask: np.ndarray | None = None,
+                discrete_masks: Sequence[np.ndarray | None] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Sampled actions for a batch of raw observations ``(B, obs_dim)``,
+        kept (with their log-probabilities and values) for :meth:`record`.
+
+        Masks as for :meth:`act_batch` (``None`` = all allowed).
+
+        Returns:
+            ``(shares (B, n_devices), choices (B, H) int64)``.
+        """
+        out = self.act_batch(obs, device_mask, discrete_masks)
+        dm = (np.ones((out.shares.shape[0], self.n_devices), dtype=bool)
+              if device_mask is None else device_mask)
+        self._explored = (obs, dm, discrete_masks, out)
+        return out.shares, out.choices
+
+    def record(self, reward: np.ndarray) -> None:
+        """The rewards ``(B,)`` of the last :meth:`explore`; each ends its
+        one-step episode."""
+        if self._explored is None:
+            raise RuntimeError("record() needs the actions of an explore() call")
+        r = np.asarray(reward, dtype=np.float64).reshape(-1)
+        self._rollout.append((*self._explored, r))
+        self._explored = None
+
+    def learn(self, replay_ratio: float = 1.0) -> dict[str, float]:
+        """:meth:`update` on every step recorded since the last call, with
+        advantages ``reward - V(s)`` and returns ``reward``.
+
+        ``replay_ratio`` is ignored: PPO reuses a batch through its own
+        ``epochs``. Returns the statistics of :meth:`update`.
+        """
+        steps, self._rollout = self._rollout, []
+        if not steps:
+            raise RuntimeError("learn() needs steps recorded by record()")
+        obs, dms, masks, outs, rewards = zip(*steps, strict=True)
+        if masks[0] is None:
+            discrete_masks = None
+        else:
+            discrete_masks = [None if masks[0][h] is None
+                              else np.concatenate([m[h] for m in masks])
+                              for h in range(len(self.discrete_sizes))]
+        reward = np.concatenate(rewards)
+        value = np.concatenate([o.value for o in outs])
+        return self.update({
+            "obs": np.concatenate(obs), "device_mask": np.concatenate(dms),
+            "discrete_masks": discrete_masks,
+            "shares": np.concatenate([o.shares for o in outs]),
+            "choices": np.concatenate([o.choices for o in outs]),
+            "logp": np.concatenate([o.logp for o in outs]),
+            "advantages": reward - value, "returns": reward})
+
+    def anneal(self, frac: float, lr: float, lr_final: float,
+               ent_coef: float) -> None:
+        """Point ``frac`` (0 to 1) of a run's linear schedules: the Adam step
+        size goes from ``lr`` to ``lr_final``, the entropy bonus from
+        ``ent_coef`` to 0."""
+        self.optimizer.config.lr = lr + (lr_final - lr) * frac
+        self.config.ent_coef = ent_coef * (1.0 - frac)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """What training needs to continue exactly: arrays (weights
+        ``param/<name>``, Adam moments; the live arrays, not copies) and
+        JSON-able metadata (generator state, Adam step, observation
+        statistics). Steps recorded but not yet learned are not included."""
+        arrays = {f"param/{k}": v for k, v in self.params.items()}
+        arrays.update(adam_arrays("adam", self.optimizer))
+        meta = {"rng": self.rng.bit_generator.state, "adam_t": self.optimizer.t,
+                "obs_rms": self.obs_rms.to_json()}
+        return arrays, meta
+
+    def load_state(self, arrays: Mapping[str, np.ndarray],
+                   meta: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state` (weights copied in place)."""
+        self.rng.bit_generator.state = meta["rng"]
+        for k, v in self.params.items():
+            v[...] = arrays[f"param/{k}"]
+        restore_adam("adam", self.optimizer, arrays, meta["adam_t"])
+        self.obs_rms = RunningMeanStd.from_json(meta["obs_rms"])
 
     # ------------------------------------------------------------------
     # Imitation (behaviour cloning)

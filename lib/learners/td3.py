@@ -21,11 +21,16 @@ The three TD3 ingredients:
 Observations are used as given (no running normalisation: a replay buffer
 holds observations from many policies); scale them beforehand, as
 ``lib.contract.encode_state`` does.
+
+:class:`TD3Agent` is a :class:`lib.learners.TrainableLearner`: :meth:`~TD3Agent.explore`
+acts with noise on the logits, :meth:`~TD3Agent.record` stores one-step
+transitions and :meth:`~TD3Agent.learn` takes gradient steps in proportion to
+them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +48,7 @@ from lib.learners.nn import (
     prefixed,
     unprefixed,
 )
+from lib.learners.ppo import adam_arrays, restore_adam
 
 
 @dataclass
@@ -88,6 +94,10 @@ class ReplayBuffer:
         capacity: most transitions kept (oldest overwritten).
     """
 
+    #: The arrays of a transition, in the order of :meth:`add`'s arguments.
+    FIELDS = ("obs", "device_mask", "shares", "reward", "next_obs",
+              "next_device_mask", "done")
+
     def __init__(self, obs_dim: int, n_devices: int, capacity: int) -> None:
         self.capacity = int(capacity)
         self.obs = np.zeros((capacity, obs_dim))
@@ -121,9 +131,7 @@ class ReplayBuffer:
         if self.size == 0:
             raise ValueError("the replay buffer is empty")
         idx = rng.integers(self.size, size=batch)
-        return {k: getattr(self, k)[idx] for k in (
-            "obs", "device_mask", "shares", "reward", "next_obs",
-            "next_device_mask", "done")}
+        return {k: getattr(self, k)[idx] for k in self.FIELDS}
 
 
 class TD3Agent:
@@ -168,6 +176,10 @@ class TD3Agent:
             lr=c.critic_lr, max_grad_norm=c.max_grad_norm))
         self.buffer = ReplayBuffer(obs_dim, n_devices, c.buffer_size)
         self.critic_steps = 0
+        # The last explore() awaiting its rewards: (obs, device_mask, shares).
+        self._explored: tuple | None = None
+        # Transitions recorded since the last learn().
+        self._recorded = 0
 
     # ------------------------------------------------------------------
     # Acting
@@ -289,3 +301,95 @@ class TD3Agent:
             out["actor_loss"] = float(np.mean(actor_losses))
         return out
 
+    # ------------------------------------------------------------------
+    # Training interface (lib.learners.TrainableLearner)
+
+    def explore(self, obs: np.ndarray, device_mask: np.ndarray | None = None,
+                discrete_masks: Sequence[np.ndarray | None] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Noisy actions (``config.explore_noise`` on the logits) for a batch of
+        observations ``(B, obs_dim)``, kept for :meth:`record`.
+
+        ``device_mask`` ``(B, n_devices)`` (``None`` = all usable); one mask
+        ``(B, size_h)`` or ``None`` per discrete head.
+
+        Returns:
+            ``(shares (B, n_devices), choices (B, H) int)``, the choices being
+            :meth:`default_discrete` of every row.
+        """
+        b = np.atleast_2d(obs).shape[0]
+        dm = (np.ones((b, self.n_devices), dtype=bool) if device_mask is None
+              else device_mask)
+        shares = self.shares(obs, dm, noise=self.config.explore_noise)
+        choices = np.array([self.default_discrete(
+            None if discrete_masks is None else [None if m is None else m[i]
+                                                 for m in discrete_masks])
+            for i in range(b)])
+        self._explored = (obs, dm, shares)
+        return shares, choices
+
+    def record(self, reward: np.ndarray) -> None:
+        """The rewards ``(B,)`` of the last :meth:`explore`, stored as one-step
+        transitions (``done = 1``) in the replay buffer."""
+        if self._explored is None:
+            raise RuntimeError("record() needs the actions of an explore() call")
+        obs, dm, shares = self._explored
+        r = np.asarray(reward, dtype=np.float64).reshape(-1)
+        self.observe(obs, dm, shares, r, obs, dm, np.ones_like(r))
+        self._recorded += len(r)
+        self._explored = None
+
+    def learn(self, replay_ratio: float = 1.0) -> dict[str, float]:
+        """:meth:`update` with ``replay_ratio`` gradient steps per transition
+        recorded since the last call (at least one step).
+
+        Returns the statistics of :meth:`update`.
+        """
+        steps = max(1, int(self._recorded * replay_ratio))
+        self._recorded = 0
+        return self.update(steps)
+
+    def anneal(self, frac: float, lr: float, lr_final: float,
+               ent_coef: float) -> None:
+        """Nothing: TD3 keeps the step sizes of its :class:`TD3Config` and has
+        no entropy bonus (the signature is :class:`lib.learners.TrainableLearner`'s)."""
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """What training needs to continue exactly: arrays (weights
+        ``param/<name>``, targets ``target/<name>``, both Adam optimisers'
+        moments, the filled part of the replay buffer ``buffer/<field>``; live
+        arrays, not copies) and JSON-able metadata (generator state, Adam
+        steps, critic steps, buffer position)."""
+        arrays = {**{f"param/{k}": v for k, v in self.actor_params.items()},
+                  **{f"param/{k}": v for k, v in self.critic_params.items()},
+                  **{f"target/{k}": v for k, v in self.target_actor.items()},
+                  **{f"target/{k}": v for k, v in self.target_critic.items()},
+                  **adam_arrays("actor_opt", self.actor_opt),
+                  **adam_arrays("critic_opt", self.critic_opt)}
+        buf = self.buffer
+        for k in buf.FIELDS:
+            arrays[f"buffer/{k}"] = getattr(buf, k)[:buf.size]
+        meta = {"rng": self.rng.bit_generator.state,
+                "actor_t": self.actor_opt.t, "critic_t": self.critic_opt.t,
+                "critic_steps": self.critic_steps, "buffer_size": buf.size,
+                "buffer_next": buf._next}
+        return arrays, meta
+
+    def load_state(self, arrays: Mapping[str, np.ndarray],
+                   meta: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state` (arrays copied in place)."""
+        self.rng.bit_generator.state = meta["rng"]
+        for group in (self.actor_params, self.critic_params):
+            for k, v in group.items():
+                v[...] = arrays[f"param/{k}"]
+        for group in (self.target_actor, self.target_critic):
+            for k, v in group.items():
+                v[...] = arrays[f"target/{k}"]
+        restore_adam("actor_opt", self.actor_opt, arrays, meta["actor_t"])
+        restore_adam("critic_opt", self.critic_opt, arrays, meta["critic_t"])
+        self.critic_steps = int(meta["critic_steps"])
+        buf = self.buffer
+        n = int(meta["buffer_size"])
+        for k in buf.FIELDS:
+            getattr(buf, k)[:n] = arrays[f"buffer/{k}"]
+        buf.size, buf._next = n, int(meta["buffer_next"])

@@ -29,6 +29,8 @@ from typing import Protocol
 import numpy as np
 
 from lib.contract import Decision, TaskSpec, decision_from_weights
+from lib.costmodel import predict
+from lib.costmodel.model import compute_seconds, transfer_seconds
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import workload
@@ -84,8 +86,6 @@ class SingleBest:
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
-        from lib.costmodel import predict
-
         devices = usable_devices(machine, telemetry)
         times = {i: predict(task, decision_from_weights(task, [i], [1.0]), machine,
                             telemetry).total for i in devices}
@@ -122,8 +122,6 @@ class HeftGreedy:
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
-        from lib.costmodel.model import compute_seconds, transfer_seconds
-
         w = workload(task)
         devices = usable_devices(machine, telemetry)
         n = task.split_size

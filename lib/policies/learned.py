@@ -377,34 +377,3 @@ def load_policy(path: str | Path | None = None, *, features: str | None = None,
                          use_mask=head.get("use_mask", True) if use_mask is None
                          else use_mask,
                          min_share=head.get("min_share", 1e-3), header=head)
-
-
-def decision_latency(policy: Any, machine: Machine, tasks: Sequence[TaskSpec],
-                     repeats: int = 5, telemetry: Snapshot | None = None
-                     ) -> dict[str, float]:
-    """Latency of a full decision as the runtime's ``optimize`` makes it:
-    ``decide``, hash, Gate 1 (a benchmark: it measures, never fails).
-
-    Returns:
-        ``p50_us``, ``p99_us``, ``mean_us`` over ``len(tasks) * repeats``
-        decisions, and ``refused`` (decisions Gate 1 refused).
-    """
-    import time
-
-    from lib.security import check_decision
-
-    for task in tasks[:20]:  # warm caches
-        policy.decide(task, machine, telemetry)
-    lat, refused = [], 0
-    for _ in range(repeats):
-        for task in tasks:
-            t0 = time.perf_counter()
-            decision = policy.decide(task, machine, telemetry).with_hash(task)
-            ok = check_decision(decision, task, machine, telemetry).accepted
-            lat.append(time.perf_counter() - t0)
-            refused += not ok
-    us = np.asarray(lat) * 1e6
-    return {"p50_us": float(np.percentile(us, 50)),
-            "p99_us": float(np.percentile(us, 99)),
-            "mean_us": float(us.mean()), "decisions": len(lat),
-            "refused": refused}

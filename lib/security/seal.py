@@ -50,6 +50,12 @@ naming the path: without a trustworthy key nothing can be verified.
 File layout: one ASCII header line ``GPUHIVE-SEAL <format> <body bytes>``,
 then the body, canonical JSON (sorted keys, no blanks, ASCII) with the binary
 in base64.
+
+Why one module: the seal is a trust boundary. The key's handling, the entry's
+format, the MAC, the per-folder counter and its high-water index, and the lock
+that orders writers hold one set of invariants between them (an entry is
+accepted only if every one holds); split across files, a reviewer could check
+each part and miss how they fail together.
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""``gpuhive bench``: benchmarks that print figures (MEASURED wall clock on
+this computer)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lib.cli.common import DEFAULT_MACHINE, add_json, emit
+
+HELP = "benchmarks that print figures: optimum search, cache hit, env steps/s, " \
+       "PPO update, decision latency"
+#: The benchmarks ``--what`` chooses from, in the order they run.
+BENCHMARKS: tuple[str, ...] = ("optimum", "cache", "env", "ppo", "latency")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``bench`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "bench", help=HELP,
+        description="Time the exhaustive optimum search, a kernel cache hit, "
+                    "environment steps, a PPO update and decision latency on "
+                    "this computer, each against its goal.")
+    p.add_argument("--what", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS,
+                   help="the benchmarks to run (default: all)")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="repeats of each timing; the benchmarks scale their own "
+                        "counts from it (default: %(default)s)")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmarks and print their figures; exit 0."""
+    out: dict[str, Any] = {}
+    lines = ["benchmarks, MEASURED wall clock on this computer (the times the "
+             "optimum and the environment compute are PREDICTED):"]
+    want = set(args.what)
+    if "optimum" in want:
+        from lib.evaluation.bench import optimum_benchmark
+
+        rows = optimum_benchmark(repeats=args.repeats)
+        out["optimum"] = rows
+        lines.append("exhaustive optimum search (goal: under 50 ms for 8 devices)")
+        lines += [f"  {r['devices']} devices: median {r['median_ms']:.2f} ms, p90 "
+                  f"{r['p90_ms']:.2f} ms, {r['candidates']} candidates"
+                  for r in rows]
+    if "cache" in want:
+        from lib.evaluation.bench import cache_hit_benchmark
+
+        hit = cache_hit_benchmark(repeats=max(20, args.repeats * 10), quiet=True)
+        out["cache_hit"] = hit
+        lines.append(f"kernel cache hit, verify + load (goal: under 1 ms): p50 "
+                     f"{hit['p50_ms']:.2f} ms, p90 {hit['p90_ms']:.2f} ms")
+    if "env" in want:
+        from lib.evaluation.bench import env_steps_per_second
+
+        env = env_steps_per_second(n_steps=max(200, args.repeats * 50))
+        out["env"] = env
+        lines.append(f"environment steps per second (model backend): single "
+                     f"{env['single_steps_per_s']:.0f}, batch of {env['batch']} "
+                     f"{env['batch_steps_per_s']:.0f}")
+    if "ppo" in want:
+        from lib.evaluation.bench import benchmark_update
+
+        secs = benchmark_update(verbose=False)
+        out["ppo_update_s"] = secs
+        lines.append(f"PPO update on a batch of 2048: {secs:.2f} s")
+    if "latency" in want:
+        from lib.platform.machines import load_machine
+        from lib.platform.telemetry import idle
+        from lib.policies.registry import default_policy
+        from lib.scoring import decision_latency, random_tasks
+
+        machine = load_machine(DEFAULT_MACHINE)
+        # Fresh tasks, warmed up on others: what a runtime pays for a task it
+        # has not seen (a repeated task would be served from caches).
+        lat = decision_latency(default_policy(), machine,
+                               random_tasks(max(100, args.repeats * 20), seed=0),
+                               states=[idle(machine)],
+                               warmup=random_tasks(20, seed=1))
+        out["decision_latency"] = lat
+        lines.append(f"decision latency, optimize incl. Gate 1 on fresh tasks "
+                     f"(goal: p50 <= 100 us, p99 <= 1 ms): p50 {lat['p50_us']:.0f} "
+                     f"us, p99 {lat['p99_us']:.0f} us")
+    emit(args, out, "\n".join(lines))
+    return 0

@@ -1,0 +1,49 @@
+"""``gpuhive calibrate``: fit the cost model to measured runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from lib.cli.common import (
+    LOCAL_MACHINE,
+    UsageError,
+    add_json,
+    add_machine,
+    add_seed,
+    emit,
+)
+
+HELP = "fit the cost model to measured runs and report its error on held-out runs"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``calibrate`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "calibrate", help=HELP,
+        description="Fit the cost model's parameters to a machine's MEASURED "
+                    "runs (from gpuhive characterise), save them, and report "
+                    "the model's error on runs held out of the fit.")
+    add_machine(p, default=LOCAL_MACHINE)
+    p.add_argument("--characterisation", metavar="FILE",
+                   help="the measured runs (default: "
+                        "$GPUHIVE_HOME/characterisation/<machine>.json)")
+    p.add_argument("--holdout", type=float, default=0.3,
+                   help="fraction of runs held out for scoring "
+                        "(default: %(default)s)")
+    add_seed(p, "split into fitted and held-out runs")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit and report; exit 0."""
+    from lib.costmodel.calibrate import CalibrationError, calibrate_machine
+
+    try:
+        report = calibrate_machine(args.machine, args.characterisation,
+                                   holdout=args.holdout, seed=args.seed)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    emit(args, report.to_json(), report.summary())
+    return 0

@@ -1,0 +1,72 @@
+"""``gpuhive doctor``: the machine profiles and which backends are real here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from lib.cli.common import add_json, emit
+
+HELP = "machine profiles and which backends are real"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``doctor`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "doctor", help=HELP,
+        description="List the machine profiles and say which backends run for "
+                    "real on this computer, and what of the CUDA stack is missing.")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the profiles, the backends and the CUDA stack; exit 0."""
+    from lib.platform.cudastack import probe
+    from lib.platform.machines import MachineError, list_machines, load_machine
+
+    cuda = probe()
+    nvml_reason = ""
+    try:
+        load_machine("nvml")
+    except MachineError as exc:
+        nvml_reason = str(exc)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count()
+    backends = {
+        "model": {"real": False, "why": "predicts with the cost model, Eq. (1) "
+                                        "(PREDICTED); always available"},
+        "cpu": {"real": True, "why": f"{cores} core(s) as worker processes on "
+                                     "local-cpu (MEASURED)"},
+        "cuda": {"real": cuda.usable,
+                 "why": (f"{cuda.devices} CUDA device(s)" if cuda.usable
+                         else "; ".join(cuda.reasons))},
+    }
+    machines = {}
+    for name in list_machines():
+        try:
+            m = load_machine(name)
+            machines[name] = {"devices": m.n, "simulated": m.simulated,
+                              "induced": m.induced, "about": m.description}
+        except MachineError as exc:
+            machines[name] = {"error": str(exc)}
+    missing = {"driver": not cuda.driver, "nvrtc": not cuda.nvrtc,
+               "nccl": not cuda.nccl, "nvml": bool(nvml_reason)}
+    lines = ["machines:"]
+    for name, info in machines.items():
+        if "error" in info:
+            lines.append(f"  {name:<24} unavailable: {info['error']}")
+        else:
+            tags = " simulated" * info["simulated"] + " induced" * info["induced"]
+            lines.append(f"  {name:<24} {info['devices']} device(s){tags}")
+    lines.append("backends:")
+    for name, info in backends.items():
+        state = "real" if info["real"] else ("model" if name == "model" else "absent")
+        lines.append(f"  {name:<6} {state:<7} {info['why']}")
+    lines.append("CUDA stack: " + ", ".join(
+        f"{k} {'missing' if v else 'ok'}" for k, v in missing.items()))
+    emit(args, {"machines": machines, "backends": backends, "missing": missing,
+                "cuda_reasons": list(cuda.reasons), "nvml": nvml_reason or "ok"},
+         "\n".join(lines))
+    return 0

@@ -1,0 +1,57 @@
+"""``gpuhive evaluate``: Table 4, the ablations, transfer and the targets T1-T7."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from lib.cli.common import (
+    UsageError,
+    add_backend,
+    add_budget,
+    add_json,
+    add_machine,
+    add_seed,
+)
+
+HELP = "Table 4, ablations, transfer and the targets T1-T7"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``evaluate`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "evaluate", help=HELP,
+        description="Score the learned policy against the baselines and the "
+                    "exhaustive optimum (Table 4), run the ablations and the "
+                    "transfer test, and check the targets T1-T7.")
+    add_machine(p)
+    add_backend(p)
+    add_budget(p)
+    add_seed(p, "task set, the random baseline and the inputs")
+    # A file only, unlike the shared --policy: the protocol scores every
+    # baseline itself; this names the learned policy set against them.
+    p.add_argument("--policy", metavar="FILE", help="a trained policy (.npz); "
+                                                   "default the shipped one")
+    p.add_argument("--markdown", metavar="FILE", help="also write the Markdown "
+                                                     "report here")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; exit 0."""
+    from lib.evaluation import evaluate
+
+    if args.policy and not Path(args.policy).is_file():
+        raise UsageError(f"policy file {args.policy} does not exist")
+    report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,
+                      policy_path=args.policy, progress=not args.json)
+    if args.markdown:
+        Path(args.markdown).write_text(report.to_markdown())
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        print(report.to_text())
+    return 0

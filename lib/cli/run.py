@@ -1,0 +1,92 @@
+"""``gpuhive run``: decide, check (Gate 1), execute and optionally verify a task."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lib.cli.common import (
+    LOCAL_BACKEND,
+    add_backend,
+    add_json,
+    add_machine,
+    add_policy,
+    add_seed,
+    add_task_file,
+    add_task_options,
+    emit,
+    fmt_seconds,
+    policy_from_args,
+    read_text,
+    task_from_args,
+)
+
+HELP = "decide, validate, execute, optionally verify"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``run`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "run", help=HELP,
+        description="Decide how to split a task (or take a decision file), check "
+                    "the decision with Gate 1, execute it on a backend and, with "
+                    "--verify, compare the result with the NumPy reference.")
+    add_task_options(p)
+    add_task_file(p)
+    add_machine(p)
+    add_policy(p)
+    add_json(p)
+    add_backend(p)
+    p.add_argument("--decision", metavar="FILE", help="run this decision JSON "
+                                                     "instead of the policy's")
+    p.add_argument("--rehash", action="store_true",
+                   help="recompute the decision file's config_hash")
+    p.add_argument("--verify", action="store_true",
+                   help="compare the result with the NumPy reference")
+    add_seed(p, "inputs")
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats (cpu)")
+    p.add_argument("--warmup", type=int, default=0, help="untimed runs first (cpu)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute the task; exit 0, or 1 when verification failed."""
+    from lib.contract import Decision
+    from lib.runtime import Agent
+
+    task = task_from_args(args)
+    options: dict[str, Any] = {"seed": args.seed}
+    if args.backend == LOCAL_BACKEND:
+        options.update(repeats=args.repeats, warmup=args.warmup)
+    agent = Agent(policy=policy_from_args(args), machine=args.machine,
+                  backend=args.backend, **options)
+    try:
+        if args.decision:
+            decision = Decision.from_json(read_text(args.decision, "decision"))
+            if args.rehash:
+                decision = decision.with_hash(task)
+        else:
+            decision = agent.optimize(task)
+        result = agent.execute(task, decision, verify=args.verify)
+    finally:
+        agent.close()
+    m = result.metrics
+    tag = "MEASURED" if m.measured else "PREDICTED"
+    lines = [f"{m.label} {task.describe()} on {agent.machine.name}",
+             f"decision  {decision.describe()}",
+             f"  {'device':<20} {'share':>6} {'seconds':>10}"]
+    for pos, g in enumerate(decision.gpus):
+        if g in m.per_device_seconds:
+            lines.append(f"  {agent.machine.devices[g].label:<20} "
+                         f"{decision.shares[pos]:6.3f} "
+                         f"{fmt_seconds(m.per_device_seconds[g]):>10}  {tag}")
+    lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({m.backend} backend"
+                 f"{f', median of {m.repeats}' if m.repeats > 1 else ''})")
+    if m.verified is not None:
+        lines.append(f"verified {str(m.verified).lower()} (max abs error "
+                     f"{m.max_abs_error:.3g})")
+    emit(args, {"task": task.to_json(), "machine": agent.machine.name,
+                "decision": decision.to_json(), "metrics": m.to_json()},
+         "\n".join(lines))
+    return 0 if m.verified is not False else 1

@@ -1,0 +1,39 @@
+"""``gpuhive security-audit``: the injection suite over the three gates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from lib.cli.common import add_json, add_seed
+
+HELP = "the injection suite over the three gates: recall, false positives, latency"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``security-audit`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "security-audit", help=HELP,
+        description="Run every adversarial and benign case through its gate and "
+                    "report recall, false positives and latency; exit 0 only "
+                    "for a perfect score.")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="gate calls per case (default: %(default)s)")
+    add_seed(p, "run order and the flipped bytes")
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; exit 0 for a perfect score, else 1."""
+    from lib.evaluation.audit import run_audit
+
+    report = run_audit(repeats=args.repeats, seed=args.seed)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.to_text())
+    perfect = (report.recall == 1.0 and report.intended_accuracy == 1.0
+               and report.false_positive_rate == 0.0)
+    return 0 if perfect else 1

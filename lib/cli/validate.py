@@ -1,0 +1,40 @@
+"""``gpuhive validate``: Gate 1 on a decision file."""
+
+from __future__ import annotations
+
+import argparse
+
+from lib.cli.common import add_json, add_machine, add_task_file, emit, read_text
+
+HELP = "Gate 1 on a decision file"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``validate`` to ``subparsers``."""
+    p = subparsers.add_parser(
+        "validate", help=HELP,
+        description="Check a decision file against a task and a machine with "
+                    "Gate 1; exit 0 if accepted, 1 if rejected.")
+    p.add_argument("decision", metavar="DECISION.json",
+                   help="the decision as a JSON file")
+    add_task_file(p, required=True)
+    add_machine(p)
+    add_json(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the verdict; exit 0 if accepted, 1 if rejected."""
+    from lib.contract import TaskSpec
+    from lib.platform.machines import load_machine
+    from lib.security import check_decision
+
+    task = TaskSpec.from_json(read_text(args.task, "task"))
+    machine = load_machine(args.machine)
+    verdict = check_decision(read_text(args.decision, "decision"), task, machine)
+    lines = [verdict.summary()] + [f"  {v}" for v in verdict.violations[1:]]
+    emit(args, {"accepted": verdict.accepted,
+                "violations": [{"check": v.check, "message": v.message}
+                               for v in verdict.violations]}, "\n".join(lines))
+    return 0 if verdict.accepted else 1

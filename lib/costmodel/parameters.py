@@ -1,0 +1,109 @@
+"""Cost-model parameters on disk: one JSON per machine under the home folder.
+
+:func:`save_params` writes ``<home>/calibration/<machine>.json`` atomically
+(``<home>`` is ``$GPUHIVE_HOME`` or ``~/.gpuhive``); :func:`load_params` reads
+it back and refuses a malformed file with one line naming it;
+:func:`params_for` is what every consumer calls: the calibrated parameters
+where some were saved, else the uncalibrated defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from lib.costmodel.model import CostParams, default_params
+from lib.storage import calibration_path, write_json_atomic
+
+SCHEMA = "gpuhive.calibration/1"
+
+
+class _Report(Protocol):
+    """What :func:`save_params` stores of a calibration report."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class CalibrationError(ValueError):
+    """Runs or files calibration cannot use (the message names the culprit)."""
+
+
+
+def params_to_json(params: CostParams) -> dict[str, Any]:
+    """CostParams as nested JSON: ``{"compute_eff": {"cpu": {"matmul": 0.5}}}``."""
+    def nest(table: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (dk, k), v in sorted(table.items()):
+            out.setdefault(dk, {})[k] = float(v)
+        return out
+    return {"compute_eff": nest(params.compute_eff),
+            "memory_eff": nest(params.memory_eff),
+            "launch_s": {k: float(v) for k, v in sorted(params.launch_s.items())},
+            "link_scale": {k: float(v) for k, v in sorted(params.link_scale.items())},
+            "source": params.source, "fitted": list(params.fitted)}
+
+
+def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParams:
+    """Inverse of :func:`params_to_json`; raises CalibrationError naming the field."""
+    def number(v: Any, name: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not math.isfinite(v) or v <= 0:
+            raise CalibrationError(f"{where}: {name} must be a positive number, "
+                                   f"got {v!r}")
+        return float(v)
+
+    try:
+        tables = {}
+        for t in ("compute_eff", "memory_eff"):
+            tables[t] = {(dk, k): number(v, f"{t}.{dk}.{k}")
+                         for dk, row in obj[t].items() for k, v in row.items()}
+        for t in ("launch_s", "link_scale"):
+            tables[t] = {dk: number(v, f"{t}.{dk}") for dk, v in obj[t].items()}
+        return CostParams(**tables, source=str(obj.get("source", "file")),
+                          fitted=tuple(str(n) for n in obj.get("fitted", ())))
+    except (KeyError, AttributeError, TypeError) as exc:
+        raise CalibrationError(f"{where}: malformed ({exc!r})") from None
+
+
+def save_params(machine_name: str, params: CostParams,
+                report: _Report | None = None) -> Path:
+    """Write the calibrated parameters (and their report) atomically.
+
+    Returns:
+        The path written, ``<home>/calibration/<machine>.json``.
+    """
+    obj = {"schema": SCHEMA, "machine": machine_name,
+           "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "params": params_to_json(params),
+           "report": report.to_json() if report is not None else None}
+    return write_json_atomic(obj, calibration_path(machine_name))
+
+
+def load_params(machine_name: str) -> CostParams | None:
+    """The saved calibrated parameters of a machine, or None if never calibrated.
+
+    Raises:
+        CalibrationError: the file exists but cannot be read as parameters.
+    """
+    path = calibration_path(machine_name)
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA:
+        raise CalibrationError(f"{path}: not a {SCHEMA} file")
+    return params_from_json(obj.get("params"), str(path))
+
+
+def params_for(machine_name: str) -> CostParams:
+    """The machine's calibrated parameters where ``gpuhive calibrate`` saved
+    some, else the uncalibrated defaults (``params.source`` says which)."""
+    return load_params(machine_name) or default_params()
+
+

@@ -1,0 +1,107 @@
+"""The experiments around the learned policy: ablations and transfer.
+
+Both are PREDICTED on the model backend and scored by the one evaluator,
+:func:`lib.scoring.evaluate_policy`:
+
+- ablations: the shipped policy with parts of its observation removed at
+  decision time, without its action mask, and two short trainings with and
+  without the curriculum;
+- transfer: zero-shot on machines never trained on, then after a short
+  fine-tune.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from lib.budgets import pick
+from lib.contract import TaskSpec
+from lib.costmodel.parameters import params_for
+from lib.env.curriculum import held_out_machines
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot, busy, idle
+from lib.policies.baselines import Policy
+from lib.policies.learned import LearnedPolicy, load_policy
+from lib.scoring import evaluate_policy, task_set
+from lib.training import TrainConfig, fine_tune, train
+
+
+def learned_policy(path: str | None, notes: list[str],
+                   **options: Any) -> LearnedPolicy | None:
+    """The learned policy (the shipped one, or the file at ``path``), or None
+    with the reason appended to ``notes``."""
+    try:
+        return load_policy(path, **options)
+    except (FileNotFoundError, ValueError) as exc:
+        notes.append(f"learned policy not loaded: {exc}")
+        return None
+
+
+def _score(policy: Policy, machine: Machine, tasks: Sequence[TaskSpec],
+           snap: Snapshot | None) -> tuple[float, float]:
+    """(geo-mean speedup over equal, geo-mean T/T_opt) on the model backend; a
+    refused decision costs the equal split."""
+    ev = evaluate_policy(policy, machine, tasks, telemetry=snap,
+                         params=params_for(machine.name), penalty=0.0)
+    return ev["speedup_vs_equal"], ev["rl_over_opt"]
+
+
+def run_ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, Any]]:
+    """The learned policy without parts of what it sees (PREDICTED)."""
+    out = []
+    snap = busy(machine, [0.7 if i == 0 else 0.0 for i in range(machine.n)])
+    variants = [("full", {}, "the shipped policy"),
+                ("no telemetry features", {"features": "no-telemetry"},
+                 "telemetry entries of the state zeroed at decision time"),
+                ("no topology features", {"features": "no-topology"},
+                 "topology entries of the state zeroed at decision time"),
+                ("no action mask", {"use_mask": False},
+                 "masks ignored; Gate 1 refuses what is illegal (costs equal split)")]
+    for name, options, how in variants:
+        policy = learned_policy(policy_path, notes, **options)
+        if policy is None:
+            continue
+        speed, ratio = _score(policy, machine, tasks, snap)
+        out.append({"variant": name, "speedup": speed, "ratio_to_optimum": ratio,
+                    "how": how, "label": "PREDICTED (model)"})
+    curriculum = _curriculum_ablation(machine, tasks, snap, budget, notes)
+    out += curriculum
+    return out
+
+
+def _curriculum_ablation(machine, tasks, snap, budget, notes) -> list[dict[str, Any]]:
+    """Two short trainings, with and without the curriculum, compared alike."""
+    out = []
+    short = "smoke" if budget != "full" else "quick"
+    for name, flag in (("curriculum (short run)", True),
+                       ("no curriculum (short run)", False)):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = train(TrainConfig(machine=machine.name, budget=short, seed=1,
+                                       curriculum=flag), tmp, progress=False)
+            speed, ratio = _score(result.policy, machine, tasks, snap)
+        out.append({"variant": name, "speedup": speed, "ratio_to_optimum": ratio,
+                    "how": f"trained from scratch with the {short} budget",
+                    "label": "PREDICTED (model)"})
+    return out
+
+
+def run_transfer(learned, budget: str, seed: int, notes: list[str]
+              ) -> list[dict[str, Any]]:
+    """Zero-shot on machines never trained on, then after a short fine-tune."""
+    count = pick(budget, smoke=1, quick=2, full=4)
+    out = []
+    for machine in held_out_machines(seed, count):
+        tasks = task_set("model", "smoke", seed)
+        snap = idle(machine)
+        speed, ratio = _score(learned, machine, tasks, snap)
+        names = "+".join(sorted({d.name for d in machine.devices}))
+        out.append({"machine": f"{machine.name} ({names})", "when": "zero-shot",
+                    "speedup": speed, "ratio_to_optimum": ratio})
+        tuned = fine_tune(learned, machine, steps=pick(budget, smoke=64, quick=512,
+                                                       full=4096), seed=seed)
+        speed, ratio = _score(tuned, machine, tasks, snap)
+        out.append({"machine": f"{machine.name} ({names})", "when": "fine-tuned",
+                    "speedup": speed, "ratio_to_optimum": ratio})
+    return out

@@ -1,0 +1,163 @@
+"""What an evaluation produced: rows, targets, and the report that prints them.
+
+Every row and table carries MEASURED or PREDICTED; the text and Markdown forms
+open with a warning whenever anything in them is predicted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from lib.contract import KINDS, TaskSpec
+
+#: the learned policy's name in the tables
+LEARNED = "rl-ppo"
+
+
+@dataclass
+class Row:
+    """One (policy, task, state) run."""
+
+    policy: str
+    task: TaskSpec
+    state: str
+    seconds: float
+    equal_seconds: float
+    optimum_seconds: float | None
+    limit_seconds: float
+    decide_us: float
+    accepted: bool
+    label: str
+    decision: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        return self.equal_seconds / self.seconds
+
+
+@dataclass
+class Target:
+    """One falsifiable target: PASS or FAIL with the value either way."""
+
+    id: str
+    passed: bool
+    value: str
+    bound: str
+    note: str = ""
+
+    def line(self) -> str:
+        note = f"  ({self.note})" if self.note else ""
+        return (f"{self.id} {'PASS' if self.passed else 'FAIL'} {self.value} "
+                f"(bound {self.bound}){note}")
+
+
+@dataclass
+class EvalReport:
+    """Everything :func:`evaluate` measured or predicted."""
+
+    machine: str
+    backend: str
+    budget: str
+    seed: int
+    measured: bool
+    rows: list[Row]
+    table4: list[dict[str, Any]]
+    ablations: list[dict[str, Any]]
+    transfer: list[dict[str, Any]]
+    targets: list[Target]
+    notes: list[str]
+    seconds: float
+    latency: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{'MEASURED' if self.measured else 'PREDICTED'} ({self.backend})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine, "backend": self.backend, "budget": self.budget,
+            "seed": self.seed, "label": self.label, "measured": self.measured,
+            "seconds": self.seconds, "table4": self.table4,
+            "ablations": self.ablations, "transfer": self.transfer,
+            "targets": [t.__dict__ | {"line": t.line()} for t in self.targets],
+            "latency": self.latency, "notes": self.notes,
+            "rows": [{"policy": r.policy, "task": r.task.to_json(), "state": r.state,
+                      "seconds": r.seconds, "equal_seconds": r.equal_seconds,
+                      "optimum_seconds": r.optimum_seconds,
+                      "limit_seconds": r.limit_seconds, "decide_us": r.decide_us,
+                      "accepted": r.accepted, "label": r.label,
+                      "efficiency": r.limit_seconds / r.seconds,
+                      "decision": r.decision} for r in self.rows],
+        }
+
+    def to_text(self) -> str:
+        lines = [f"evaluation on {self.machine}, {self.label}, budget {self.budget}, "
+                 f"{len({(r.task, r.state) for r in self.rows})} task-states, "
+                 f"{self.seconds:.0f} s"]
+        if not self.measured:
+            lines.append("WARNING: every time below is PREDICTED by the cost model, "
+                         "not measured.")
+        lines += ["", "Table 4: geometric-mean speedup over equal split "
+                      f"({self.label})"]
+        head = f"  {'policy':<18}" + "".join(f"{k[:11]:>12}" for k in KINDS) + \
+            f"{'all':>8} {'95% CI':>15} {'vs opt':>8} {'p50 us':>8}"
+        lines.append(head)
+        for t in self.table4:
+            ci = t["ci95"]
+            opt = f"{t['ratio_to_optimum']:.3f}" if t["ratio_to_optimum"] else "-"
+            lines.append(
+                f"  {t['policy']:<18}"
+                + "".join(f"{t['per_kind'].get(k, math.nan):>12.2f}" for k in KINDS)
+                + f"{t['speedup']:>8.2f} {f'[{ci[0]:.2f}, {ci[1]:.2f}]':>15} "
+                  f"{opt:>8} {t['decide_p50_us']:>8.0f}")
+        if self.ablations:
+            lines += ["", "Ablations of the learned policy"]
+            lines += [f"  {a['variant']:<22} speedup {a['speedup']:.2f}x  vs opt "
+                      f"{a['ratio_to_optimum']:.3f}  ({a['how']})"
+                      for a in self.ablations]
+        if self.transfer:
+            lines += ["", "Transfer (PREDICTED, model backend)"]
+            lines += [f"  {x['machine']:<26} {x['when']:<12} T_rl/T_opt "
+                      f"{x['ratio_to_optimum']:.3f}  speedup {x['speedup']:.2f}x"
+                      for x in self.transfer]
+        effs = [r.limit_seconds / r.seconds for r in self.rows
+                if r.policy == self._headline_policy()]
+        if effs:
+            lines += ["", f"Efficiency against the physical limit "
+                          f"({self._headline_policy()}): median "
+                          f"{statistics.median(effs):.2f}, min {min(effs):.2f}"]
+        if self.latency:
+            lines += ["", f"Decision latency of the learned policy (optimize incl. "
+                          f"Gate 1, fresh tasks, MEASURED on this computer): p50 "
+                          f"{self.latency['p50_us']:.0f} us, p99 "
+                          f"{self.latency['p99_us']:.0f} us"]
+        lines += ["", "Targets"] + [t.line() for t in self.targets]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        out = []
+        if not self.measured:
+            out.append("> **Warning: PREDICTED.** Every time in this report comes "
+                       "from the cost model (model backend), not from a measurement.\n")
+        out.append(f"# Evaluation on {self.machine} ({self.label}, budget "
+                   f"{self.budget})\n")
+        out.append("| policy | " + " | ".join(KINDS) + " | all | 95 % CI | vs optimum "
+                   "| decision p50 (us) |")
+        out.append("|" + "---|" * (len(KINDS) + 5))
+        for t in self.table4:
+            opt = f"{t['ratio_to_optimum']:.3f}" if t["ratio_to_optimum"] else "-"
+            out.append(f"| {t['policy']} | " + " | ".join(
+                f"{t['per_kind'].get(k, math.nan):.2f}" for k in KINDS)
+                + f" | {t['speedup']:.2f} | {t['ci95'][0]:.2f}-{t['ci95'][1]:.2f} "
+                  f"| {opt} | {t['decide_p50_us']:.0f} |")
+        out.append("\n## Targets\n")
+        out += [f"- `{t.line()}`" for t in self.targets]
+        return "\n".join(out) + "\n"
+
+    def _headline_policy(self) -> str:
+        names = {r.policy for r in self.rows}
+        return LEARNED if LEARNED in names else "proportional-peak"

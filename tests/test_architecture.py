@@ -1,0 +1,65 @@
+"""The structure of lib/: layers, no cycles, imports at the top, modules that
+can be read in one sitting. The layers are written down once, in pyproject's
+``[tool.importlinter]``; the architecture chapter describes the same."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "lib"
+#: The one package that may import the project inside functions: the command
+#: line imports each command's plane on demand, so ``gpuhive --help`` is fast.
+LAZY_OK = LIB / "cli"
+#: Lines above which a module's docstring must say why it is one module.
+LONG_MODULE = 500
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in LIB.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_import_contracts_hold():
+    exe = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_project_imports_sit_at_module_top_outside_the_cli():
+    late = []
+    for path in _modules():
+        if LAZY_OK in path.parents:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    names = [node.module or ""]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                late += [f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                         for n in names if n == "lib" or n.startswith("lib.")]
+    assert not late, "project imports inside functions:\n" + "\n".join(late)
+
+
+def test_long_modules_say_why():
+    unexplained = []
+    for path in _modules():
+        text = path.read_text()
+        if text.count("\n") <= LONG_MODULE:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if "Why one module" not in doc:
+            unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} "
+                               "lines)")
+    assert not unexplained, (f"modules over {LONG_MODULE} lines whose docstring "
+                             "has no 'Why one module' paragraph: "
+                             + ", ".join(unexplained))
