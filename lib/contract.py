@@ -73,9 +73,13 @@ KIND_SPLITS: dict[str, tuple[tuple[int, str], ...]] = {
 #: Bytes per element of each dtype.
 DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+DEFAULT_DTYPE = "fp32"
 MERGES: tuple[str, ...] = ("concat", "sum")
 MODES: tuple[str, ...] = ("single", "split", "pipelined")
 COMM_PATHS: tuple[str, ...] = ("host", "p2p", "nccl")
+#: Execution backends: ``model`` PREDICTS with the cost model; the others MEASURE.
+BACKENDS: tuple[str, ...] = ("model", "cpu", "cuda")
+MEASURING_BACKENDS: tuple[str, ...] = ("cpu", "cuda")
 #: Block sizes (threads per block) a policy chooses from, and the default.
 BLOCKS: tuple[int, ...] = (64, 128, 256, 512, 1024)
 DEFAULT_BLOCK = 256
@@ -227,7 +231,7 @@ class TaskSpec:
 
     kind: str
     dims: Mapping[str, int]
-    dtype: str = "fp32"
+    dtype: str = DEFAULT_DTYPE
     divisible_dim: int = 0
     merge: str = ""
 

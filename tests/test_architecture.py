@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,3 +64,19 @@ def test_long_modules_say_why():
     assert not unexplained, (f"modules over {LONG_MODULE} lines whose docstring "
                              "has no 'Why one module' paragraph: "
                              + ", ".join(unexplained))
+
+
+def _contract_layers() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layered = next(c for c in contracts if c["type"] == "layers")
+    return [" · ".join(part.strip() for part in layer.split("|"))
+            for layer in layered["layers"]]
+
+
+def test_the_architecture_chapter_lists_the_contract_layers():
+    text = (ROOT / "book" / "architecture.md").read_text()
+    table = text.split("<!-- layers:", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1].strip().replace("`", "")
+            for line in table.splitlines()[2:] if line.startswith("|")]
+    assert rows == _contract_layers()

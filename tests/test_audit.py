@@ -1,4 +1,5 @@
-"""The injection suite: its table, its scores, and proof that it can fail."""
+"""The injection suite: its table and the files it is read from, its scores,
+and proof that it can fail."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import stat
 
 import pytest
 
-from lib.evaluation import audit
+from lib.contract import Decision, TaskSpec
+from lib.evaluation import audit, audit_cases, audit_tamper
 from lib.security import gate1, scan, seal
 from lib.security.verdict import Verdict, Violation
 
@@ -22,7 +24,7 @@ FORMER_GAPS = {
 
 @pytest.fixture(scope="module")
 def cases():
-    table, notes = audit.default_cases()
+    table, notes = audit_cases.load_cases()
     assert notes == [], notes  # the project's kernels are found in a checkout
     return table
 
@@ -66,10 +68,135 @@ def test_project_kernels_are_benign_controls_one_per_kind(cases):
 
 def test_malformed_table_is_refused_naming_the_case(cases):
     with pytest.raises(audit.AuditError, match="case g1.share_sum.over: duplicate"):
-        audit.validate_cases([cases[0], cases[0]])
-    moved = audit.Case("x.1", "gate2a", cases[0].family, "token.asm", {})
+        audit_cases.validate_cases([cases[0], cases[0]])
+    moved = audit_cases.Case("x.1", "gate2a", cases[0].family, "token.asm", {})
     with pytest.raises(audit.AuditError, match="case x.1: family 'share-sum'"):
-        audit.validate_cases([cases[0], moved])
+        audit_cases.validate_cases([cases[0], moved])
+
+
+def test_every_tamper_operation_is_used_by_a_case(cases):
+    used = {c.payload["tamper"] for c in cases if c.gate == "gate2b"}
+    assert used == set(audit_tamper.TAMPERS)
+
+
+# ---- the case files ----------------------------------------------------------
+
+GATE1_HEAD = """gate: gate1
+tasks:
+  base: {kind: matmul, dims: {M: 64, N: 64, K: 64}}
+  half: {kind: matmul, dims: {M: 64, N: 64, K: 32}}
+base_decision: {gpus: [0], shares: [1.0], chunk: 64, mode: single}
+"""
+
+
+def _load(folder, **files):
+    for name, text in files.items():
+        (folder / f"{name}.yaml").write_text(text)
+    return audit_cases.load_cases(folder, kernels_dir=folder / "no-kernels")
+
+
+def test_case_files_fill_placeholders_and_build_payloads(tmp_path):
+    table, notes = _load(tmp_path, gate1=GATE1_HEAD + """
+adversarial:
+  - {id: g1.t, family: f1, check: c1, text: '"${config_hash}"'}
+  - {id: g1.r, family: f1, check: c1, text: "${deep}",
+     repeat: {deep: {text: "[", times: 5}}}
+  - {id: g1.h, family: f1, check: c1, decision: {}, hashed_for: half}
+  - {id: g1.o, family: f1, check: c1, object: {extra: 1}, drop: [block]}
+  - {id: g1.u, family: f1, check: c1, decision: {block: true}, rehash: false}
+benign:
+  - {id: g1.ok, family: f0, decision: {}, healthy: [true], nccl: false}
+""", gate2a="""gate: gate2a
+adversarial:
+  - {id: g2a.b, family: f2, check: c2, source: "x\\xff", as_bytes: true}
+  - {id: g2a.o, family: f2, check: c2, options: ["-O3"], as_bytes: true}
+benign:
+  - {id: g2a.p, family: f3, project_kernel: matmul}
+""", gate2b="""gate: gate2b
+adversarial:
+  - {id: g2b.t, family: f4, check: c4, tamper: truncate, args: {keep: 0}}
+""")
+    by_id = {c.id: c for c in table}
+    base = Decision((0,), (1.0,), 64, mode="single")
+    task, half = TaskSpec("matmul", {"M": 64, "N": 64, "K": 64}), \
+        TaskSpec("matmul", {"M": 64, "N": 64, "K": 32})
+    digest = base.with_hash(task).config_hash
+    assert by_id["g1.t"].payload["decision"] == f'"{digest}"'
+    assert by_id["g1.r"].payload["decision"] == "[" * 5
+    assert by_id["g1.h"].payload == {"decision": base.with_hash(half), "task": task}
+    obj = by_id["g1.o"].payload["decision"]
+    assert obj["extra"] == 1 and "block" not in obj and obj["config_hash"] == digest
+    assert by_id["g1.u"].payload["decision"].block is True
+    assert by_id["g1.u"].payload["decision"].config_hash == digest
+    assert by_id["g1.ok"].benign and by_id["g1.ok"].intended_check is None
+    assert by_id["g1.ok"].payload["healthy"] == (True,)
+    assert by_id["g1.ok"].payload["nccl"] is False
+    assert by_id["g2a.b"].payload == {"source": b"x\xff", "kernel": "k"}
+    assert by_id["g2a.o"].payload == {"options": [b"-O3"]}
+    assert by_id["g2b.t"].payload == {"tamper": "truncate", "args": {"keep": 0}}
+    assert "g2a.p" not in by_id  # no kernels folder: left out, with a note
+    assert len(notes) == 1 and "matmul.cu not read" in notes[0]
+
+
+ONE_2B = "gate: gate2b\nadversarial:\n  - {id: g2b.x, family: f, check: c, %s}\n"
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a": ONE_2B % "tamper: verify_fresh, tampr: 1"},
+     "a.yaml: case g2b.x: unknown key 'tampr'"),
+    ({"a": "gate: gate2b\nadversarial:\n  - {id: g2b.x, family: f, "
+           "tamper: verify_fresh}\n"},
+     "a.yaml: case g2b.x: missing field 'check'"),
+    ({"a": "gate: gate2b\nadversarial:\n  - {family: f, check: c, "
+           "tamper: verify_fresh}\n"},
+     "a.yaml: case #1 of adversarial: missing field 'id'"),
+    ({"a": ONE_2B % "tamper: verify_fresh" + "  - {id: g2b.x, family: f, check: "
+                                             "c, tamper: load_fresh}\n"},
+     "a.yaml: case g2b.x: duplicate id"),
+    ({"a": ONE_2B % "tamper: verify_fresh", "b": ONE_2B % "tamper: load_fresh"},
+     "b.yaml: case g2b.x: duplicate id"),
+    ({"a": "gate: gate2b\nbenign:\n  - {id: g2b.x, family: f, check: c, "
+           "tamper: verify_fresh}\n"},
+     "a.yaml: case g2b.x: a benign control has no check"),
+    ({"a": ONE_2B % "tamper: shred"},
+     "a.yaml: case g2b.x: unknown tamper operation 'shred'"),
+    ({"a": ONE_2B % "tamper: truncate"},
+     "a.yaml: case g2b.x: tamper truncate: missing a required argument: 'keep'"),
+    ({"a": ONE_2B % "tamper: truncate, args: {keep: 1, at: 2}"},
+     "a.yaml: case g2b.x: tamper truncate: got an unexpected keyword argument"),
+    ({"a": "gate: gate2a\nadversarial:\n  - {id: g2a.x, family: f, check: c, "
+           "source: s, options: []}\n"},
+     "a.yaml: case g2a.x: needs exactly one of source, options, project_kernel, "
+     "got source, options"),
+    ({"a": "gate: gate2a\nadversarial:\n  - {id: g2a.x, family: f, check: c, "
+           "source: '${nope}'}\n"},
+     r"a.yaml: case g2a.x: unknown placeholder \$\{nope\}"),
+    ({"a": GATE1_HEAD + "adversarial:\n  - {id: g1.x, family: f, check: c, "
+                        "decision: {}, task: nope}\n"},
+     "a.yaml: case g1.x: task 'nope' is not one of tasks: base, half"),
+    ({"a": GATE1_HEAD + "adversarial:\n  - {id: g1.x, family: f, check: c, "
+                        "decision: {priority: 1}}\n"},
+     "a.yaml: case g1.x: cannot build the decision: .*'priority'"),
+    ({"a": GATE1_HEAD + "adversarial:\n  - {id: g1.x, family: f, check: c, "
+                        "object: {}, rehash: false}\n"},
+     "a.yaml: case g1.x: rehash goes only with decision"),
+    ({"a": "gate: gate2b\nextra: 1\n"}, "a.yaml: unknown key 'extra'"),
+    ({"a": "gate: gate3\n"}, "a.yaml: gate must be one of gate1, gate2a, gate2b"),
+    ({"a": "gate: gate2b\nadversarial: [\n"}, r"a.yaml: not valid YAML \(line "),
+])
+def test_malformed_case_files_are_refused_in_one_line(tmp_path, files, message):
+    with pytest.raises(audit.AuditError, match=message) as info:
+        _load(tmp_path, **files)
+    assert "\n" not in str(info.value)
+
+
+def test_a_tamper_that_does_not_fit_the_entry_names_the_case(monkeypatch):
+    case = audit_cases.Case("g2b.x", "gate2b", "f", "seal.mac",
+                            {"tamper": "replace_in_file",
+                             "args": {"old": "no such text", "new": "x"}})
+    monkeypatch.setattr(audit, "load_cases", lambda: ([case], []))
+    with pytest.raises(audit.AuditError, match="case g2b.x: .*expected one"):
+        audit.run_audit(repeats=1)
 
 
 # ---- the scores ------------------------------------------------------------

@@ -209,3 +209,87 @@ def test_book_and_evaluate_refuse_bad_input_in_one_line(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
     p = gpuhive("evaluate", "--policy", str(tmp_path / "none.npz"))
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def test_version_prints_the_package_version():
+    import lib
+
+    p = gpuhive("--version")
+    assert p.returncode == 0 and p.stdout == f"gpuhive {lib.__version__}\n"
+
+
+def _subcommands() -> dict:
+    import argparse
+
+    from lib.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions
+               if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+def test_every_command_has_a_description_and_help_on_every_option():
+    commands = _subcommands()
+    assert list(commands) == [
+        "doctor", "explain", "run", "validate", "characterise", "calibrate",
+        "codegen", "scan", "security-audit", "sweep", "train", "evaluate", "bench",
+        "book"]
+    for name, p in commands.items():
+        assert p.description, name
+        for action in p._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest}"
+
+
+def test_choices_come_from_the_vocabularies():
+    from lib.budgets import BUDGETS, DEFAULT_BUDGET
+    from lib.codegen import PROVIDERS
+    from lib.contract import DTYPES, KINDS
+    from lib.execution import BACKENDS
+    from lib.training import LEARNERS
+
+    seen = set()
+    for name, p in _subcommands().items():
+        for action in p._actions:
+            option = action.option_strings[-1] if action.option_strings else None
+            if option == "--budget":
+                assert tuple(action.choices) == BUDGETS, name
+                assert action.default == DEFAULT_BUDGET, name
+            elif option == "--kind":
+                assert tuple(action.choices) == KINDS, name
+            elif option == "--dtype":
+                assert tuple(action.choices) == DTYPES, name
+            elif option == "--backend":
+                assert set(action.choices) <= set(BACKENDS), name
+            elif option == "--provider":
+                assert tuple(action.choices) == PROVIDERS, name
+            elif option == "--learner":
+                assert tuple(action.choices) == LEARNERS, name
+            elif option == "--policy":
+                # a name or the path of a policy file: no fixed choices
+                assert action.choices is None, name
+            else:
+                continue
+            seen.add(option)
+    assert seen == {"--budget", "--kind", "--dtype", "--backend", "--provider",
+                    "--learner", "--policy"}
+
+
+def test_building_the_parser_leaves_training_unloaded():
+    # gpuhive --help and every other command stay fast without the training stack
+    code = ("import sys; from lib.cli import build_parser; build_parser(); "
+            "print('lib.training' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["explain", "--kind", "reduce", "--dim", "N=8", "--policy", "bogus"],
+     "unknown policy 'bogus'"),
+    (["calibrate", "--machine", "../x"], "cannot name a file"),
+])
+def test_unknown_policy_and_unnamable_machine_are_bad_input(args, needle):
+    p = gpuhive(*args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "environment steps, a PPO update and decision latency on "
                     "this computer, each against its goal.")
     p.add_argument("--what", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS,
-                   help="the benchmarks to run (default: all)")
+                   metavar="NAME", help=f"the benchmarks to run, of "
+                                        f"{', '.join(BENCHMARKS)} (default: all)")
     p.add_argument("--repeats", type=int, default=20,
                    help="repeats of each timing; the benchmarks scale their own "
                         "counts from it (default: %(default)s)")

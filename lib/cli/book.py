@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_machine(p)
     add_backend(p)
     add_budget(p)
-    add_seed(p, "notebooks")
+    add_seed(p, "notebooks' runs")
     p.add_argument("--no-html", action="store_true",
                    help="execute the notebooks only")
     p.set_defaults(run=run)

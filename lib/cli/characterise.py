@@ -23,9 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Add ``characterise`` to ``subparsers``."""
     p = subparsers.add_parser(
         "characterise", help=HELP,
-        description="Run real workloads on a machine to measure its launch, "
-                    "transfer and compute times, and write the MEASURED runs "
-                    "for gpuhive calibrate.")
+        description="Run real workloads on a machine to measure its throughput, "
+                    "host link and device-to-device copies, and write the "
+                    "MEASURED runs for gpuhive calibrate.")
     add_machine(p, default=LOCAL_MACHINE)
     add_backend(p, measuring=True)
     add_budget(p)

@@ -1,5 +1,5 @@
-"""What several ``gpuhive`` commands share: the options, read once, and the
-helpers that turn them into tasks, policies and output.
+"""What several ``gpuhive`` commands share: the options, each defined once, and
+the helpers that turn them into tasks, policies and output.
 
 Each shared option is added by one function here, so its spelling, default and
 help text exist in one place; each ``choices=`` comes from the constant that
@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from lib.budgets import BUDGETS, DEFAULT_BUDGET
-from lib.contract import DTYPES, KIND_DIMS, KINDS, TaskSpec
+from lib.contract import (
+    DEFAULT_DTYPE,
+    DTYPES,
+    KIND_DIMS,
+    KINDS,
+    MEASURING_BACKENDS,
+    TaskSpec,
+)
 from lib.execution import BACKENDS
 from lib.policies.baselines import Policy
-from lib.policies.registry import POLICIES
+from lib.policies.registry import POLICIES, make_policy
 
 #: The machine profile most commands default to (four different GPUs, simulated).
 DEFAULT_MACHINE = "hetero-4"
@@ -27,13 +34,8 @@ DEFAULT_MACHINE = "hetero-4"
 LOCAL_MACHINE = "local-cpu"
 #: The backend commands that decide default to (predicts; always available).
 DEFAULT_BACKEND = "model"
-#: The backends that measure rather than predict.
-MEASURING_BACKENDS: tuple[str, ...] = tuple(b for b in BACKENDS
-                                             if b != DEFAULT_BACKEND)
 #: The backend that measures on this computer (runs ``local-cpu``).
 LOCAL_BACKEND = "cpu"
-#: The element type of a task given by --kind/--dim.
-DEFAULT_DTYPE = "fp32"
 #: The policy ``--policy`` names by default: the shipped learned one.
 DEFAULT_POLICY = "rl"
 
@@ -46,7 +48,9 @@ class LazyChoices:
     """A ``choices=`` vocabulary read from a module's constant on first use.
 
     For vocabularies that live in a module too heavy to import while building
-    the parser: ``gpuhive --help`` and the other commands never load it.
+    the parser, so ``gpuhive --help`` and the other commands never load it.
+    Give the option a ``metavar`` and list the choices with ``%(choices)s`` in
+    its help: argparse reads the choices to build a usage line without one.
     """
 
     def __init__(self, module: str, name: str):
@@ -174,8 +178,6 @@ def task_from_args(args: argparse.Namespace) -> TaskSpec:
 def policy_from_args(args: argparse.Namespace) -> Policy:
     """The policy ``--policy`` names; UsageError for an unknown name or a policy
     file that cannot be loaded."""
-    from lib.policies.registry import make_policy
-
     try:
         return make_policy(args.policy)
     except ValueError as exc:

@@ -42,10 +42,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 0."""
-    from lib.evaluation import evaluate
-
     if args.policy and not Path(args.policy).is_file():
         raise UsageError(f"policy file {args.policy} does not exist")
+    from lib.evaluation import evaluate
+
     report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,
                       policy_path=args.policy, progress=not args.json)
     if args.markdown:

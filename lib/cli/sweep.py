@@ -27,6 +27,8 @@ from lib.execution import get_backend
 from lib.platform.machines import load_machine
 from lib.policies.baselines import EqualSplit
 
+HELP = "every kind on one device and on all devices, timed and verified " \
+       "(make gpu-check)"
 #: small tasks per kind: a sweep must finish within minutes
 SWEEP_TASKS = {
     "matmul": {"M": 1024, "N": 1024, "K": 1024},
@@ -77,10 +79,6 @@ def sweep(machine_name: str, backend: str, *, scale: float = 1.0, seed: int = 0,
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, default=str))
     return report
-
-
-HELP = "every kind on one device and on all devices, timed and verified " \
-       "(make gpu-check)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

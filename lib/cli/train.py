@@ -11,8 +11,8 @@ from lib.policies.learned import FEATURE_SETS
 
 HELP = "the three-stage training pipeline (cost model, noisy calibrated model, " \
        "measured runs)"
-#: The learners, read from the training pipeline only when ``train`` needs them.
-LEARNERS = LazyChoices("lib.training.pipeline", "LEARNERS")
+#: The learners, read from the training package only when ``train`` needs them.
+LEARNERS = LazyChoices("lib.training", "LEARNERS")
 #: The learner ``--learner`` names by default.
 DEFAULT_LEARNER = "ppo"
 #: The feature set ``--features`` names by default: the whole state.
@@ -30,7 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_budget(p)
     add_seed(p, "weights, environments and noise")
     p.add_argument("--learner", default=DEFAULT_LEARNER, choices=LEARNERS,
-                   help="the learning algorithm (default: %(default)s)")
+                   metavar="NAME",
+                   help="the learning algorithm, one of %(choices)s "
+                        "(default: %(default)s)")
     p.add_argument("--features", default=DEFAULT_FEATURES,
                    choices=tuple(FEATURE_SETS),
                    help="ablation: the state features the policy sees "

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.contract import KINDS, ContractError, Decision, TaskSpec
+from lib.contract import KINDS, MEASURING_BACKENDS, ContractError, Decision, TaskSpec
 from lib.costmodel.model import CostParams, default_params, predict
 from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
@@ -114,7 +114,7 @@ def parse_runs(runs: Sequence[Mapping[str, Any]],
             raise CalibrationError(f"{where}: expected an object, got "
                                    f"{type(run).__name__}")
         backend = run.get("backend")
-        if backend not in ("cpu", "cuda"):
+        if backend not in MEASURING_BACKENDS:
             raise CalibrationError(
                 f"{where}: backend {backend!r} is not a measuring backend (cpu or "
                 "cuda); calibration fits measurements only, never predictions")

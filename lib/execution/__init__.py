@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lib.contract import BACKENDS
 from lib.execution.base import (
     Backend,
     BackendUnavailable,
@@ -22,8 +23,6 @@ from lib.execution.cpu import CpuBackend
 from lib.execution.cuda import CudaBackend
 from lib.execution.model import ModelBackend
 from lib.platform.machines import Machine
-
-BACKENDS = ("model", "cpu", "cuda")
 
 __all__ = [
     "BACKENDS", "Backend", "BackendUnavailable", "CpuBackend", "CudaBackend",

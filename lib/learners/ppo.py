@@ -36,6 +36,12 @@ ones recorded) and merges the batch into the statistics at the end.
 :class:`PPOAgent` is a :class:`lib.learners.TrainableLearner`: :meth:`~PPOAgent.explore`
 and :meth:`~PPOAgent.record` build such a batch from one-step episodes (advantage
 ``reward - V(s)``) and :meth:`~PPOAgent.learn` hands it to :meth:`~PPOAgent.update`.
+
+Why one module: it is one class. Acting, the PPO and imitation losses, the
+updates and the training interface all read the same private layout of the
+actor's output (``_slices``, ``_prep``, ``_dists``), and the policy file stores
+exactly that layout's sizes and weights; spread over several files, the layout
+would have no single place.
 """
 
 from __future__ import annotations
