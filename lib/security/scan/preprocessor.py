@@ -1,16 +1,16 @@
 """Gate 2a, layer 2: directives and macro expansion, over every branch.
 
-:class:`Preprocessor` reads the tokens of one source. :meth:`~Preprocessor.
-preprocess` checks each directive (``#include`` allowlist, ``#pragma``,
-``#line``, reserved names...) and records each ``#define``/``#undef`` in a
-versioned macro table, without evaluating ``#if``: every branch is kept, and
-a macro defined differently in different branches keeps every definition.
-:meth:`~Preprocessor.expand` then expands macros the way the compiler would
-(Prosser's algorithm with hide sets, ``#`` and ``##``) with the last
-definition, and hands each use expanded with an earlier, alternative
-definition to a callback, so the token checks see every text the compiler
-could be made to read. Expansion is bounded: past the token budget or the
-nesting limit it raises :class:`BudgetSpent`.
+:class:`Preprocessor` reads the tokens of one source. Its
+:meth:`~Preprocessor.preprocess` checks each directive (``#include``
+allowlist, ``#pragma``, ``#line``, reserved names...) and records each
+``#define``/``#undef`` in a versioned macro table, without evaluating
+``#if``: every branch is kept, and a macro defined differently in different
+branches keeps every definition. :meth:`~Preprocessor.expand` then expands
+macros the way the compiler would (Prosser's algorithm with hide sets, ``#``
+and ``##``) with the last definition, and hands each use expanded with an
+earlier, alternative definition to a callback, so the token checks see every
+text the compiler could be made to read. Expansion is bounded: past the
+token budget or the nesting limit it raises :class:`BudgetSpent`.
 """
 
 from __future__ import annotations
