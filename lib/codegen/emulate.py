@@ -11,11 +11,19 @@ kernel can be checked against the NumPy reference on a machine with no GPU.
   plain, AddressSanitizer + UBSan, ThreadSanitizer);
 * :func:`run_emulated` launches one entry point on NumPy arrays
   (:func:`read_only`, :func:`read_write`, :func:`f32`, :func:`i32`, ...).
+
+With ``sandboxed=True`` (what the code-generation plane uses for any source it
+did not write) both steps run in :mod:`lib.security.sandbox`: the build with
+its folder as the only writable path, the run with exec and fork denied, under
+CPU, wall and memory limits (sanitizer builds reserve terabytes of shadow
+address space, so their runs have no address-space limit; CPU, wall, file and
+output limits still hold).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from lib.codegen.specialise import ENTRY_RE
+from lib.security import sandbox
+from lib.storage import gpuhive_home
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 """``cuda_emu.h``, ``driver.cpp`` and the stand-in ``include/cuda_fp16.h``."""
@@ -55,6 +65,25 @@ missing ``__syncthreads`` as a data race between the block's threads. With
 
 class EmulationError(RuntimeError):
     """The emulated build or run failed (a sanitizer finding, a hang)."""
+
+
+#: Limits of a sandboxed emulated build (the sanitizer builds are the slow ones).
+BUILD_LIMITS = sandbox.SandboxLimits(cpu_seconds=120, wall_seconds=180.0,
+                                     memory_bytes=4 << 30)
+
+
+def _hidden() -> list[Path]:
+    """Folders a sandboxed build or run must not read (the seal's key lives
+    under GPUHive's home)."""
+    home = gpuhive_home()
+    return [home] if home.is_dir() else []
+
+
+def _inside(argv: Sequence[str], folder: Path) -> list[str]:
+    """``argv`` with the host path of ``folder`` replaced by the sandbox's
+    scratch path (the folder is bound there)."""
+    host = str(Path(folder).resolve())
+    return [a.replace(host, sandbox.SCRATCH) for a in argv]
 
 
 def _run(cmd: Sequence[str], **kwargs) -> subprocess.CompletedProcess[str]:
@@ -110,20 +139,35 @@ def build_emulated(
     out_dir: Path,
     build: str = "plain",
     defines: Mapping[str, int] | None = None,
+    sandboxed: bool = False,
 ) -> Path:
     """Compile the emulated driver for ``source`` into ``out_dir``; the binary.
 
-    Arguments as for :func:`emulated_build_command`. Raises
-    :class:`EmulationError` with the compiler's output when the build fails.
+    Arguments as for :func:`emulated_build_command`; with ``sandboxed`` the
+    source must lie in ``out_dir``, which is the build's only writable folder.
+    Raises :class:`EmulationError` with the compiler's output when the build
+    fails (or, sandboxed, hits :data:`BUILD_LIMITS`).
     """
     path = Path(source)
     tag = build + "".join(f"_{k}{v}" for k, v in sorted((defines or {}).items()))
     out = Path(out_dir) / f"{path.stem}_emu_{tag}"
-    proc = _run(emulated_build_command(path, out, build, defines))
-    if proc.returncode != 0:
-        raise EmulationError(
-            f"emulated build of {path.name} ({tag}) failed:\n{proc.stderr}"
-        )
+    cmd = emulated_build_command(path, out, build, defines)
+    if not sandboxed:
+        proc = _run(cmd)
+        if proc.returncode != 0:
+            raise EmulationError(
+                f"emulated build of {path.name} ({tag}) failed:\n{proc.stderr}"
+            )
+        return out
+    if path.resolve().parent != Path(out_dir).resolve():
+        raise ValueError(f"a sandboxed build needs {path.name} inside {out_dir}")
+    result = sandbox.run(_inside(cmd, Path(out_dir)), scratch=Path(out_dir),
+                         limits=BUILD_LIMITS, allow_exec=True, hide=_hidden())
+    if result.returncode != 0 or result.timed_out:
+        why = result.killed_by_limit or f"exit {result.returncode}"
+        raise EmulationError(f"sandboxed emulated build of {path.name} ({tag}) "
+                             f"failed ({why}):\n"
+                             + result.stderr.decode(errors="replace")[-4000:])
     return out
 
 
@@ -192,6 +236,7 @@ def run_emulated(
     block: int,
     args: Sequence[Scalar | Buffer],
     timeout_s: float = 120.0,
+    sandboxed: bool = False,
 ) -> list[np.ndarray]:
     """Launch ``entry`` with ``grid`` blocks of ``block`` threads on the host.
 
@@ -201,7 +246,10 @@ def run_emulated(
         grid: blocks per dimension, an int or up to three ints.
         block: threads per block (a multiple of 32 in [32, 1024]).
         args: one :class:`Scalar` or :class:`Buffer` per kernel parameter.
-        timeout_s: wall-clock limit for the run, seconds.
+        timeout_s: wall-clock limit for the run, seconds (CPU time too,
+            sandboxed).
+        sandboxed: run in :mod:`lib.security.sandbox` with exec and fork
+            denied; the binary's folder is its scratch.
 
     Returns:
         The final contents of every writable buffer, in argument order, with
@@ -210,6 +258,8 @@ def run_emulated(
     Raises:
         EmulationError: the run failed; the message holds its stderr.
     """
+    if sandboxed:
+        return _run_sandboxed(Path(binary), entry, grid, block, args, timeout_s)
     with tempfile.TemporaryDirectory(prefix="gh_emu_") as tmp:
         argv = [str(binary), entry, _dims(grid), _dims(block)]
         outputs = []
@@ -237,6 +287,47 @@ def run_emulated(
         return [
             np.fromfile(path, dtype=a.dtype).reshape(a.shape) for path, a in outputs
         ]
+
+
+def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
+                   block: int, args: Sequence[Scalar | Buffer],
+                   timeout_s: float) -> list[np.ndarray]:
+    """:func:`run_emulated` inside the sandbox, in the binary's folder."""
+    folder = binary.parent
+    argv = [f"{sandbox.SCRATCH}/{binary.name}", entry, _dims(grid), _dims(block)]
+    outputs, written = [], []
+    tag = secrets.token_hex(4)
+    try:
+        for n, arg in enumerate(args):
+            if isinstance(arg, Scalar):
+                argv.append(arg.render())
+                continue
+            path = folder / f"arg{n}-{tag}.bin"
+            arg.array.tofile(path)
+            written.append(path)
+            argv.append(("io:" if arg.writable else "in:")
+                        + f"{sandbox.SCRATCH}/{path.name}")
+            if arg.writable:
+                outputs.append((path, arg.array))
+        sanitized = "_emu_asan" in binary.name or "_emu_tsan" in binary.name
+        limits = sandbox.SandboxLimits(
+            cpu_seconds=max(1, int(timeout_s)), wall_seconds=timeout_s,
+            memory_bytes=None if sanitized else 2 << 30)
+        result = sandbox.run(argv, scratch=folder, limits=limits,
+                             allow_exec=False, env=SANITIZER_ENV, hide=_hidden())
+        if result.timed_out or result.killed_by_limit in ("wall", "cpu"):
+            raise EmulationError(f"{entry} (grid {grid}, block {block}) ran past "
+                                 f"{timeout_s} s (sandboxed)")
+        if result.returncode != 0:
+            raise EmulationError(
+                f"{entry} (grid {grid}, block {block}) exited with "
+                f"{result.returncode} (sandboxed):\n"
+                + result.stderr.decode(errors="replace")[-4000:])
+        return [np.fromfile(path, dtype=a.dtype).reshape(a.shape)
+                for path, a in outputs]
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
 
 
 def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lib.codegen import llm, nvrtc, spotcheck
+from lib.codegen import isolation, llm, nvrtc, spotcheck
 from lib.codegen.cache import KernelCache, cache_key
 from lib.codegen.emulate import EmulationError
 from lib.codegen.specialise import (
@@ -120,6 +120,11 @@ class GeneratedKernel:
         for who, why in zip(self.fell_back_from, self.reasons, strict=True):
             lines.append(f"fallback {who} rejected: {why}")
         return "\n".join(lines)
+
+
+#: Stack (local memory) per thread a generated kernel may use, bytes (the
+#: project's kernels use none; ptxas reports recursion as a large stack).
+MAX_STACK_BYTES = 4096
 
 
 class Rejected(Exception):
@@ -230,16 +235,26 @@ class CodeGenerator:
         if not (gate2a.accepted and gate_opts.accepted):
             bad = gate2a if not gate2a.accepted else gate_opts
             self._reject(provider, f"Gate 2a: {bad.summary()}")
+        if provider is not None:
+            source, gate2a = self._canonical(provider, source, entry)
         try:
-            ptx = nvrtc.compile_ptx(source, f"{entry}.cu", self.arch,
-                                    options[2:])
+            if provider is None:
+                ptx = nvrtc.compile_ptx(source, f"{entry}.cu", self.arch,
+                                        options[2:])
+            else:
+                ptx = isolation.compile_ptx_isolated(
+                    source, f"{entry}.cu", self.arch, options[2:],
+                    include_dir=nvrtc.default_include_dir())
         except nvrtc.CompileError as exc:
             self._reject(provider, "NVRTC: " + _first_error(str(exc)))
+        except isolation.IsolationError as exc:
+            self._reject(provider, f"sandbox: {exc}")
         if provider is not None:
             tile = tunables(task, decision).get("MATMUL_TILE", 16)
             try:
                 spot = spotcheck.spot_check(source, task, decision,
-                                            self.spot_runner, tile=tile)
+                                            self.spot_runner, tile=tile,
+                                            sandboxed=True, ptx=ptx)
             except EmulationError as exc:
                 self._reject(provider, "spot check did not run: "
                              + _first_error(str(exc)))
@@ -248,11 +263,13 @@ class CodeGenerator:
                              f"|error| {spot.max_abs_error:.3g} above tolerance "
                              f"({spot.runner})")
         resources = None
-        if self.measure_resources:
+        if self.measure_resources or provider is not None:
             try:
                 resources = nvrtc.ptxas_resources(ptx, self.arch)
             except nvrtc.CompileError as exc:
                 log.info("ptxas could not measure %s: %s", entry, exc)
+        if provider is not None and resources:
+            self._check_resources(provider, resources.get(entry, {}))
         arch = f"compute_{self.arch}"
         verdicts = {"gate2a": gate2a, "gate2a.options": gate_opts}
         if self.use_cache:
@@ -264,6 +281,32 @@ class CodeGenerator:
             label=label, arch=arch, options=options, ptx=ptx, verdicts=verdicts,
             resources=resources, spot=spot, cached=False, cache_key=key,
             seconds=time.perf_counter() - start)
+
+    def _canonical(self, provider: llm.Provider, source: str,
+                   entry: str) -> tuple[str, Verdict]:
+        """Untrusted ``source`` as every compiler will take it
+        (:func:`lib.codegen.isolation.canonicalise`), scanned again by Gate 2a:
+        the text NVRTC, the sandboxed spot check and the cache all use."""
+        try:
+            text = isolation.canonicalise(source, self.arch)
+        except isolation.IsolationError as exc:
+            self._reject(provider, f"sandbox: {exc}")
+        verdict = scan_source(text, entry)
+        if not verdict.accepted:
+            self._reject(provider, f"Gate 2a (as the compilers see it): "
+                         f"{verdict.summary()}")
+        return text, verdict
+
+    def _check_resources(self, provider: llm.Provider,
+                         usage: Mapping[str, int]) -> None:
+        """Refuse a kernel whose stack or spills per thread (ptxas's own
+        report) exceed :data:`MAX_STACK_BYTES`: deep recursion or a huge local
+        array would exhaust device memory at launch."""
+        stack = usage.get("stack_bytes", 0)
+        spills = usage.get("spill_store_bytes", 0)
+        if stack > MAX_STACK_BYTES or spills > MAX_STACK_BYTES:
+            self._reject(provider, f"resources: {stack} B stack and {spills} B "
+                         f"spills per thread (limit {MAX_STACK_BYTES} B)")
 
     def _ask(self, provider: llm.Provider, task: TaskSpec,
              decision: Decision) -> str:

@@ -22,6 +22,7 @@ import hashlib
 import math
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -172,37 +173,52 @@ def _build_dir() -> Path:
 
 
 @lru_cache(maxsize=64)
-def _emulated_binary(source: str) -> Path:
-    """The emulated driver for ``source``, built once per process."""
+def _emulated_binary(source: str, sandboxed: bool = False) -> Path:
+    """The emulated driver for ``source``, built once per process (in the
+    sandbox, with its own folder as scratch, when ``sandboxed``)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    folder = _build_dir() / digest
+    folder = _build_dir() / (digest + ("-sandboxed" if sandboxed else ""))
     folder.mkdir(exist_ok=True)
     path = folder / "kernel.cu"
     path.write_text(source)
-    return emulate.build_emulated(path, folder, SPOT_BUILD)
+    return emulate.build_emulated(path, folder, SPOT_BUILD, sandboxed=sandboxed)
 
 
-def run_emulated(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray:
-    """Run ``launch`` of ``source`` through the CPU emulation harness."""
-    binary = _emulated_binary(source)
+def run_emulated(source: str, launch: Launch, timeout_s: float = 30.0,
+                 sandboxed: bool = False) -> np.ndarray:
+    """Run ``launch`` of ``source`` through the CPU emulation harness
+    (built and run in :mod:`lib.security.sandbox` when ``sandboxed``)."""
+    binary = _emulated_binary(source, sandboxed)
     out = emulate.run_emulated(binary, launch.entry, launch.grid, launch.block,
-                               launch.args, timeout_s=timeout_s)
+                               launch.args, timeout_s=timeout_s,
+                               sandboxed=sandboxed)
     return launch.finish(out)
 
 
-def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0) -> np.ndarray:
+def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0,
+             ptx: str | None = None) -> np.ndarray:
     """Run ``launch`` of ``source`` on CUDA device 0 (CuPy + NVRTC).
 
     The device hook: the same source and launch as :func:`run_emulated`.
-    ``timeout_s`` is not enforced on the device.
+    With ``ptx`` (what the plane compiled in the sandbox for untrusted
+    source) that module is loaded instead, so nothing compiles in this
+    process. ``timeout_s`` is not enforced on the device.
     """
     import cupy
 
-    options = ["--std=c++17"]
-    if (inc := default_include_dir()) is not None:
-        options.append(f"-I{inc}")
-    kernel = cupy.RawModule(code=source, options=tuple(options)).get_function(
-        launch.entry)
+    if ptx is not None:
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as fh:
+            fh.write(ptx)
+        try:
+            module = cupy.RawModule(path=fh.name)
+        finally:
+            Path(fh.name).unlink(missing_ok=True)
+    else:
+        options = ["--std=c++17"]
+        if (inc := default_include_dir()) is not None:
+            options.append(f"-I{inc}")
+        module = cupy.RawModule(code=source, options=tuple(options))
+    kernel = module.get_function(launch.entry)
     scalars = {"f": np.float32, "d": np.float64, "i": np.int32, "l": np.int64}
     args, writable = [], []
     for arg in launch.args:
@@ -234,26 +250,32 @@ def resolve_runner(runner: str) -> str:
 
 
 def spot_check(source: str, task: TaskSpec, decision: Decision,
-               runner: str = "auto", seed: int = 0, tile: int = 16) -> SpotResult:
+               runner: str = "auto", seed: int = 0, tile: int = 16, *,
+               sandboxed: bool = False, ptx: str | None = None) -> SpotResult:
     """Run ``source`` on :func:`spot_task` of ``task`` and compare with NumPy.
 
     Args:
         tile: the matmul tile the source was asked for (sets the 2-D grid).
+        sandboxed: the source is untrusted: the emulated build and run happen
+            in :mod:`lib.security.sandbox` (the plane's choice for anything
+            not from ``kernels/``).
+        ptx: the module compiled from ``source`` in the sandbox, for the
+            ``cuda`` runner (untrusted text is not compiled in this process).
 
     Raises:
         lib.codegen.emulate.EmulationError: the emulated build or run failed
             (the kernel does not build as C++, crashes, or hangs).
     """
-    import time
-
     start = time.perf_counter()
     which = resolve_runner(runner)
     small = spot_task(task)
     work = workload(small)
     inputs = work.make_inputs(small, seed)
     launch = launch_for(small, decision, inputs, tile)
-    run = run_cuda if which == "cuda" else run_emulated
-    out = run(source, launch)
+    if which == "cuda":
+        out = run_cuda(source, launch, ptx=ptx)
+    else:
+        out = run_emulated(source, launch, sandboxed=sandboxed)
     ref = work.reference(small, inputs)
     ok, err = verify(small, np.asarray(out), ref)
     if not np.all(np.isfinite(np.asarray(out, dtype=np.float64))):

@@ -1,0 +1,186 @@
+"""Untrusted kernels through the whole code-generation plane: one canonical text
+for every compiler, and nothing of theirs runs on the host outside the sandbox.
+
+The attacks are pushed through ``CodeGenerator.generate`` as an LLM's answer.
+Where the test needs the boundary itself (not the scanner) to hold, Gate 2a is
+replaced by one that accepts everything: the sandbox must stop the payload on
+its own. A marker file the payload would write must never appear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lib.codegen import CodeGenerator, KernelCache, isolation, plane
+from lib.codegen.emulate import find_cxx
+from lib.codegen.nvrtc import nvrtc_version
+from lib.contract import Decision, TaskSpec
+from lib.security import sandbox
+from lib.security.verdict import Verdict
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        nvrtc_version()
+        return True
+    except Exception:
+        return False
+
+
+pytestmark = [
+    pytest.mark.skipif(sandbox.available() is not None,
+                       reason=f"no sandbox here: {sandbox.available()}"),
+    pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC is not available"),
+    pytest.mark.skipif(find_cxx() is None, reason="no C++ compiler"),
+]
+
+KERNEL = """
+#include <cuda_fp16.h>
+extern "C" __global__ void elementwise_fp32(float a, const float* x,
+                                            const float* y, float* out,
+                                            long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        out[i] = a * x[i] + y[i];
+}
+"""
+
+
+@dataclass
+class Answer:
+    """An LLM provider that answers with fixed code."""
+
+    code: str
+    name: str = "stub-llm"
+    model: str = "fixed"
+    label: str = "LLM"
+
+    def ask(self, prompt: str, task: TaskSpec) -> str:
+        return f"```cuda\n{self.code}\n```"
+
+
+def _task() -> tuple[TaskSpec, Decision]:
+    task = TaskSpec("elementwise", {"N": 1 << 16}, "fp32")
+    return task, Decision((0,), (1.0,), task.split_size, 128, "single").with_hash(
+        task)
+
+
+@pytest.fixture
+def gen(tmp_path):
+    cache = KernelCache(tmp_path / "kernels", tmp_path / "keys" / "seal.key")
+    return CodeGenerator(cache=cache, spot_runner="emulated",
+                         measure_resources=False)
+
+
+@pytest.fixture
+def blind_scanner(monkeypatch):
+    """Gate 2a accepts everything: the boundary must hold without it."""
+    monkeypatch.setattr(plane, "scan_source",
+                        lambda source, entry=None: Verdict("gate2a", []))
+
+
+def test_a_benign_answer_is_served_from_its_canonical_text(gen):
+    task, decision = _task()
+    code = KERNEL.replace("out[i] = a * x[i] + y[i];",
+                          "#pragma unroll STEP\n        out[i] = a * x[i] + y[i];")
+    kernel = gen.generate(task, decision, Answer("#define STEP 1\n" + code))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+    assert kernel.source.startswith("#include <cuda_fp16.h>")
+    assert "#pragma unroll 1" in kernel.source and "#define" not in kernel.source
+
+
+def test_a_payload_hidden_from_nvrtc_is_gone_from_what_the_host_builds(
+        gen, tmp_path, blind_scanner):
+    marker = tmp_path / "host-marker"
+    payload = f"""
+#ifndef __CUDACC_RTC__
+#include <cstdlib>
+static int pwned = std::system("touch {marker}");
+#endif
+"""
+    task, decision = _task()
+    kernel = gen.generate(task, decision, Answer(payload + KERNEL))
+    assert not marker.exists()
+    # the host emulation built the program NVRTC compiled: no payload in it
+    assert "system" not in kernel.source and kernel.spot is not None
+
+
+def test_a_payload_that_both_compilers_take_cannot_touch_the_host(
+        gen, tmp_path, blind_scanner, monkeypatch):
+    """Code that survives canonicalisation runs, but only in the sandbox: it
+    can neither start a program nor write outside its scratch folder."""
+    marker = tmp_path / "host-marker"
+    # NVRTC would refuse host code; the spot check's host build is the target
+    monkeypatch.setattr(isolation, "compile_ptx_isolated",
+                        lambda *a, **k: "// ptx")
+    payload = f"""
+#include <cstdio>
+#include <cstdlib>
+__attribute__((constructor)) static void payload() {{
+    std::system("touch {marker}");
+    if (FILE* f = std::fopen("{marker}", "w")) std::fclose(f);
+}}
+"""
+    task, decision = _task()
+    gen.generate(task, decision, Answer(payload + KERNEL))
+    assert not marker.exists()
+
+
+def test_no_sandbox_means_the_template_and_a_reason(gen, monkeypatch):
+    monkeypatch.setattr(sandbox, "available", lambda: "bwrap is missing")
+    task, decision = _task()
+    kernel = gen.generate(task, decision, Answer(KERNEL))
+    assert kernel.label == "TEMPLATE" and kernel.fell_back_from == ("stub-llm",)
+    assert "no sandbox" in kernel.reasons[0] and "never run bare" in kernel.reasons[0]
+
+
+def test_an_nvrtc_compile_past_its_limits_is_refused(gen, monkeypatch):
+    monkeypatch.setattr(isolation, "NVRTC_LIMITS",
+                        sandbox.SandboxLimits(cpu_seconds=1, wall_seconds=0.02))
+    task, decision = _task()
+    kernel = gen.generate(task, decision, Answer(KERNEL))
+    assert kernel.label == "TEMPLATE"
+    assert "NVRTC" in kernel.reasons[0] and "limit" in kernel.reasons[0]
+
+
+def test_runaway_macro_expansion_stops_at_the_preprocessor_limit():
+    amplify = "#define A(x) x x x x x x x x\n" + "".join(
+        f"#define B{i}(x) A(B{i - 1}(x))\n" for i in range(1, 12)).replace(
+        "B0(x)", "x") + "int v[] = { B11(1) };\n"
+    with pytest.raises(isolation.IsolationError, match="limit"):
+        isolation.canonicalise(amplify, 80)
+
+
+@pytest.mark.parametrize("spelling", [
+    '#include "/etc/hostname"\n',
+    '#define H "/etc/hostname"\n#include H\n',
+    '%:include "/etc/hostname"\n',
+    '#inc\\\nlude "/etc/hostname"\n',
+])
+def test_only_the_two_cuda_headers_may_be_included(spelling):
+    with pytest.raises(isolation.IsolationError, match="includes '/etc/hostname'"):
+        isolation.canonicalise(spelling + KERNEL, 80)
+
+
+def test_device_macros_decide_conditionals_as_nvrtc_does():
+    text = isolation.canonicalise(
+        "#if defined(__GNUC__) || defined(__linux__)\nint host_only;\n#endif\n"
+        "#if __CUDA_ARCH__ == 900 && defined(__CUDACC_RTC__)\nint device;\n#endif\n",
+        90)
+    assert "host_only" not in text and "int device;" in text
+
+
+def test_the_seal_key_is_hidden_from_sandboxed_steps(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "keys").mkdir(parents=True)
+    (home / "keys" / "seal.key").write_text("secret")
+    monkeypatch.setenv("GPUHIVE_HOME", str(home))
+    assert home in isolation.secret_dirs()
+    result = sandbox.run(["cat", str(home / "keys" / "seal.key")],
+                         scratch=Path(tmp_path), allow_exec=True,
+                         hide=isolation.secret_dirs())
+    assert result.returncode != 0 and b"secret" not in result.stdout
