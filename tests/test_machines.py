@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+from importlib import resources
+
 import pytest
 
 from lib.platform.machines import (
@@ -82,3 +86,41 @@ def test_malformed_profile_is_named():
     with pytest.raises(MachineError, match="peer link 0-5"):
         machine_from_json({"name": "p", "devices": [{"catalog": "T4"}],
                            "peers": [{"a": 0, "b": 5, "kind": "nvlink"}]})
+
+
+# ---- a profile of one's own, by path ---------------------------------------------
+
+def test_a_profile_file_loads_by_path(tmp_path):
+    shipped = resources.files("lib.platform").joinpath("profiles", "hetero-4.json")
+    obj = json.loads(shipped.read_text())
+    obj["name"] = "my-box"
+    path = tmp_path / "my-box.json"
+    path.write_text(json.dumps(obj))
+    mine = load_machine(str(path))
+    assert mine.name == "my-box"
+    assert [d.name for d in mine.devices] == \
+        [d.name for d in load_machine("hetero-4").devices]
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "cannot read it"),
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe{\x00}\x00", "not UTF-8"),
+    (b"[1, 2]", "expected a JSON object"),
+    (b'{"name": "x"}', ""),
+])
+def test_a_bad_profile_file_is_one_line_naming_it(tmp_path, content, why):
+    path = tmp_path / "box.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(MachineError) as err:
+        load_machine(str(path))
+    assert str(path) in str(err.value) and why in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "box.json"
+    os.mkfifo(fifo)
+    with pytest.raises(MachineError, match="not a regular file"):
+        load_machine(str(fifo))

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 GB = 1e9
@@ -418,16 +420,62 @@ def list_machines() -> list[str]:
     return shipped + sorted(_BUILT)
 
 
-def load_machine(name: str | Machine) -> Machine:
-    """The machine profile called ``name`` (a Machine is returned unchanged)."""
+#: Largest profile file read, bytes (a profile is a few KB; a FIFO or a device
+#: file is refused before any read).
+MAX_PROFILE_BYTES = 1 << 20
+
+
+def _read_profile(path: Path) -> dict:
+    """The JSON object of a profile file, or MachineError naming the file."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise MachineError(f"profile {path}: cannot read it ({exc.strerror})") \
+            from None
+    if not stat.S_ISREG(info.st_mode):
+        raise MachineError(f"profile {path}: not a regular file")
+    if info.st_size > MAX_PROFILE_BYTES:
+        raise MachineError(f"profile {path}: {info.st_size} bytes, more than a "
+                           f"profile's {MAX_PROFILE_BYTES}")
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MachineError(f"profile {path}: not UTF-8 text") from None
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise MachineError(f"profile {path}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise MachineError(f"profile {path}: expected a JSON object, got "
+                           f"{type(obj).__name__}")
+    return obj
+
+
+def load_machine(name: str | Path | Machine) -> Machine:
+    """A machine: a shipped profile's name, the path of a profile JSON of one's
+    own (the format of the reference chapter; any name containing a ``/`` or
+    ending in ``.json`` is a path), or a Machine, returned unchanged.
+
+    Raises:
+        MachineError: an unknown name (the message lists the known ones), or a
+            file that is missing, not a profile, or malformed (naming it).
+    """
     if isinstance(name, Machine):
         return name
+    if isinstance(name, Path) or (isinstance(name, str) and (
+            "/" in name or name.endswith(".json"))):
+        path = Path(name).expanduser()
+        try:
+            return machine_from_json(_read_profile(path))
+        except MachineError as exc:
+            text = str(exc)
+            raise MachineError(text if str(path) in text
+                               else f"profile {path}: {text}") from None
     if name in _BUILT:
         return _BUILT[name]()
     path = resources.files("lib.platform").joinpath("profiles", f"{name}.json")
-    if not isinstance(name, str) or "/" in name or not path.is_file():
+    if not isinstance(name, str) or not path.is_file():
         raise MachineError(f"unknown machine {name!r}; known: "
-                           f"{', '.join(list_machines())}")
+                           f"{', '.join(list_machines())}, or the path of a "
+                           "profile JSON")
     try:
         obj = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
