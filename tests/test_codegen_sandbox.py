@@ -9,6 +9,8 @@ its own. A marker file the payload would write must never appear.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,3 +186,21 @@ def test_the_seal_key_is_hidden_from_sandboxed_steps(tmp_path, monkeypatch):
                          scratch=Path(tmp_path), allow_exec=True,
                          hide=isolation.secret_dirs())
     assert result.returncode != 0 and b"secret" not in result.stdout
+
+
+def test_a_checkout_under_tmp_is_exposed_to_sandboxed_steps(tmp_path):
+    """The sandbox's /tmp is fresh, so a clone or a virtual environment under
+    the host's /tmp is bound back read-only when a step names it."""
+    src = Path(tempfile.mkdtemp(prefix="gh_expose_"))
+    try:
+        (src / "data.txt").write_text("visible")
+        hidden = sandbox.run(["cat", str(src / "data.txt")], scratch=tmp_path,
+                             allow_exec=True)
+        shown = sandbox.run(["cat", str(src / "data.txt")], scratch=tmp_path,
+                            allow_exec=True, expose=[src])
+        assert hidden.returncode != 0 and shown.stdout == b"visible"
+        write = sandbox.run(["sh", "-c", f"echo x > {src}/new.txt"],
+                            scratch=tmp_path, allow_exec=True, expose=[src])
+        assert write.returncode != 0 and not (src / "new.txt").exists()
+    finally:
+        shutil.rmtree(src)

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from lib.codegen import isolation
 from lib.codegen.specialise import ENTRY_RE
 from lib.security import sandbox
-from lib.storage import gpuhive_home
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 """``cuda_emu.h``, ``driver.cpp`` and the stand-in ``include/cuda_fp16.h``."""
@@ -70,13 +70,6 @@ class EmulationError(RuntimeError):
 #: Limits of a sandboxed emulated build (the sanitizer builds are the slow ones).
 BUILD_LIMITS = sandbox.SandboxLimits(cpu_seconds=120, wall_seconds=180.0,
                                      memory_bytes=4 << 30)
-
-
-def _hidden() -> list[Path]:
-    """Folders a sandboxed build or run must not read (the seal's key lives
-    under GPUHive's home)."""
-    home = gpuhive_home()
-    return [home] if home.is_dir() else []
 
 
 def _inside(argv: Sequence[str], folder: Path) -> list[str]:
@@ -162,7 +155,9 @@ def build_emulated(
     if path.resolve().parent != Path(out_dir).resolve():
         raise ValueError(f"a sandboxed build needs {path.name} inside {out_dir}")
     result = sandbox.run(_inside(cmd, Path(out_dir)), scratch=Path(out_dir),
-                         limits=BUILD_LIMITS, allow_exec=True, hide=_hidden())
+                         limits=BUILD_LIMITS, allow_exec=True,
+                         hide=isolation.secret_dirs(),
+                         expose=isolation.runtime_paths())
     if result.returncode != 0 or result.timed_out:
         why = result.killed_by_limit or f"exit {result.returncode}"
         raise EmulationError(f"sandboxed emulated build of {path.name} ({tag}) "
@@ -314,7 +309,9 @@ def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
             cpu_seconds=max(1, int(timeout_s)), wall_seconds=timeout_s,
             memory_bytes=None if sanitized else 2 << 30)
         result = sandbox.run(argv, scratch=folder, limits=limits,
-                             allow_exec=False, env=SANITIZER_ENV, hide=_hidden())
+                             allow_exec=False, env=SANITIZER_ENV,
+                             hide=isolation.secret_dirs(),
+                             expose=isolation.runtime_paths())
         if result.timed_out or result.killed_by_limit in ("wall", "cpu"):
             raise EmulationError(f"{entry} (grid {grid}, block {block}) ran past "
                                  f"{timeout_s} s (sandboxed)")

@@ -73,6 +73,23 @@ def secret_dirs() -> list[Path]:
     return [p for p in found if p.is_dir()]
 
 
+def runtime_paths() -> list[Path]:
+    """What a sandboxed step must read that the sandbox's fresh ``/tmp`` would
+    cover: this Python environment (the NVRTC child imports CuPy from it) and
+    the package itself (the emulator's headers), when they live under /tmp, as
+    in a fresh clone there."""
+    tmp = Path("/tmp").resolve()
+    wanted = [Path(sys.prefix), Path(__file__).resolve().parents[1],
+              *(Path(p) for p in sys.path if p)]
+    found: list[Path] = []
+    for path in wanted:
+        real = path.resolve()
+        if real.is_relative_to(tmp) and real.exists() and real not in found \
+                and not any(real.is_relative_to(f) for f in found):
+            found.append(real)
+    return found
+
+
 def require_sandbox() -> None:
     """Raise :class:`IsolationError` where no sandbox starts (one line why)."""
     reason = sandbox.available()
@@ -190,7 +207,8 @@ def compile_ptx_isolated(source: str, name: str, arch: int,
         Path(tmp, "kernel.cu").write_text(source)
         result = sandbox.run([sys.executable, "-c", _NVRTC_SCRIPT, name, *opts],
                              scratch=Path(tmp), limits=NVRTC_LIMITS,
-                             allow_exec=False, hide=secret_dirs())
+                             allow_exec=False, hide=secret_dirs(),
+                             expose=runtime_paths())
         if result.timed_out or result.killed_by_limit:
             raise IsolationError(
                 f"NVRTC on {name} stopped at the sandbox's "

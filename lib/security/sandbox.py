@@ -479,6 +479,7 @@ def _command(
     allow_exec: bool,
     env: Mapping[str, str],
     hide: Sequence[Path],
+    expose: Sequence[Path] = (),
 ) -> list[str]:
     bwrap = find_bwrap()
     if bwrap is None:
@@ -500,6 +501,10 @@ def _command(
             cmd += ["--ro-bind", prefix, prefix]
         elif Path(python).is_relative_to(path):
             cmd += ["--ro-bind", python, python]
+    for path in expose:
+        # read-only again where the fresh /tmp (or a hidden folder) covered it:
+        # a checkout or a virtual environment under /tmp stays usable
+        cmd += ["--ro-bind", str(path), str(path)]
     cmd += ["--bind", str(scratch), SCRATCH]
     for path in ["/", "/dev", *map(str, hide)]:
         cmd += ["--remount-ro", path]
@@ -605,8 +610,9 @@ def _run(
     stdin: bytes | None,
     env: Mapping[str, str],
     hide: Sequence[Path],
+    expose: Sequence[Path] = (),
 ) -> SandboxResult:
-    cmd = _command(argv, scratch, limits, allow_exec, env, hide)
+    cmd = _command(argv, scratch, limits, allow_exec, env, hide, expose)
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -680,6 +686,7 @@ def run(
     stdin: bytes | None = None,
     env: Mapping[str, str] | None = None,
     hide: Sequence[str | Path] = (),
+    expose: Sequence[str | Path] = (),
 ) -> SandboxResult:
     """Run ``argv`` in a fresh sandbox (see the module notes).
 
@@ -697,6 +704,9 @@ def run(
         env: extra environment variables, on top of ``PATH``, ``LANG``,
             ``HOME`` and ``TMPDIR``.
         hide: host folders that appear empty inside.
+        expose: host files or folders bound read-only at their own path even
+            where the sandbox's fresh ``/tmp`` covers them (a checkout or a
+            virtual environment under ``/tmp`` the command needs to read).
 
     Returns:
         A :class:`SandboxResult`; a non-zero exit is a result, not an error.
@@ -718,8 +728,12 @@ def run(
     for path in hidden:
         if not path.is_absolute() or not path.is_dir():
             raise ValueError(f"sandbox hide path {path} is not an absolute folder")
+    shown = [Path(p).resolve() for p in expose]
+    for path in shown:
+        if not path.exists():
+            raise ValueError(f"sandbox expose path {path} does not exist")
     reason = available()
     if reason is not None:
         raise SandboxUnavailable(reason)
     return _run(list(map(str, argv)), scratch, limits or SandboxLimits(),
-                allow_exec, stdin, env, hidden)
+                allow_exec, stdin, env, hidden, shown)
