@@ -8,22 +8,30 @@ BACKEND ?= model
 BUDGET  ?= quick
 SEED    ?= 0
 
-.PHONY: help venv book test lint clean gpu-check
+.PHONY: help install venv book test lint audit demo lab clean gpu-check
 
 help:
-	@echo "make book   execute every notebook (MACHINE=$(MACHINE) BACKEND=$(BACKEND) BUDGET=$(BUDGET)) and build _build/html"
-	@echo "make test   unit tests plus a smoke run of every notebook"
-	@echo "make lint   ruff over lib and tests"
-	@echo "make clean  remove build output (keeps .venv)"
+	@echo "make book     execute every notebook (MACHINE=$(MACHINE) BACKEND=$(BACKEND) BUDGET=$(BUDGET)) and build _build/html"
+	@echo "make test     unit tests plus a smoke run of every notebook"
+	@echo "make install  create .venv, install the project and register its Jupyter kernel 'gpuhive'"
+	@echo "make lab      open JupyterLab on the notebooks, with the project's kernel"
+	@echo "make audit    the security audit: the injection suite against the three gates"
+	@echo "make demo     train briefly, then evaluate, end to end (MACHINE=$(MACHINE), smoke budget)"
+	@echo "make lint     ruff over lib and tests, and the import contracts"
+	@echo "make clean    remove build output (keeps .venv)"
 	@echo "make gpu-check  on a GPU server: GPU tests and a timed sweep (JSON in _build)"
 
+# Everything a command needs is installed here, once: the package with every
+# extra, and a Jupyter kernel named 'gpuhive' that runs in this environment
+# (the notebooks ask for it; --sys-prefix keeps it inside .venv).
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,book,gpu,llm]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name gpuhive --display-name "Python (GPUHive)" > /dev/null
 	@touch $(STAMP)
 
-venv: $(STAMP)
+install venv: $(STAMP)
 
 book: $(STAMP)
 	$(BIN)/gpuhive book --machine $(MACHINE) --backend $(BACKEND) --budget $(BUDGET) --seed $(SEED)
@@ -33,6 +41,20 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check lib tests
+	$(BIN)/lint-imports
+
+audit: $(STAMP)
+	$(BIN)/gpuhive security-audit
+
+# A short end-to-end run: train a policy at the smoke budget into _build/demo,
+# then evaluate that policy against the baselines on the same machine.
+demo: $(STAMP)
+	$(BIN)/gpuhive train --machine $(MACHINE) --budget smoke --seed $(SEED) --out _build/demo
+	$(BIN)/gpuhive evaluate --machine $(MACHINE) --backend $(BACKEND) --budget smoke --seed $(SEED) --policy _build/demo/policy.npz
+
+LAB_PORT ?= 8888
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 --port=$(LAB_PORT) --MappingKernelManager.default_kernel_name=gpuhive $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 clean:
 	rm -rf _build figures/*/

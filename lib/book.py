@@ -24,6 +24,11 @@ from lib.budgets import check_budget
 from lib.platform.machines import load_machine
 from lib.storage import write_json_atomic
 
+#: The Jupyter kernel the notebooks ask for: the project's environment,
+#: registered by ``make install`` (``python -m ipykernel install --sys-prefix
+#: --name gpuhive``), so JupyterLab and papermill both run them in it.
+KERNEL_NAME = "gpuhive"
+
 
 def book_root(start: Path | None = None) -> Path:
     """The folder holding ``_toc.yml`` above ``start`` (default: the cwd)."""
@@ -105,7 +110,7 @@ def execute_notebook(source: Path, output: Path, *, machine: str, backend: str,
             str(source), str(output),
             parameters={"machine": machine, "backend": backend, "budget": budget,
                         "seed": seed},
-            cwd=str(cwd), kernel_name="python3", progress_bar=False,
+            cwd=str(cwd), kernel_name=KERNEL_NAME, progress_bar=False,
             execution_timeout=timeout,
         )
     except papermill.PapermillExecutionError as exc:
@@ -136,6 +141,9 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
                     ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
     os.environ.setdefault("GPUHIVE_RECORD_DIR",
                           str(root / "_build" / "records" / machine))
+    # the build keeps what it measures and seals in a home of its own, so it
+    # never touches the user's ~/.gpuhive (set GPUHIVE_HOME to share one)
+    os.environ.setdefault("GPUHIVE_HOME", str(root / "_build" / "home"))
     found = notebooks(root)
     for i, nb in enumerate(found, 1):
         print(f"[{i}/{len(found)}] executing {nb.name} (machine={machine}, "

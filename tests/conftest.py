@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from lib.platform.machines import load_machine
 
 
+_HOME: list[str] = []
+
+
 def pytest_configure(config):
     """Keep tests away from the user's calibration, keys and kernel cache."""
-    import os
-    import tempfile
+    _HOME.append(tempfile.mkdtemp(prefix="gpuhive-test-home-"))
+    os.environ["GPUHIVE_HOME"] = _HOME[-1]
 
-    os.environ["GPUHIVE_HOME"] = tempfile.mkdtemp(prefix="gpuhive-test-home-")
+
+def pytest_unconfigure(config):
+    """Leave nothing behind in /tmp: the test home goes with the session."""
+    while _HOME:
+        shutil.rmtree(_HOME.pop(), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
