@@ -208,7 +208,7 @@ def test_book_and_evaluate_refuse_bad_input_in_one_line(tmp_path):
     assert p.returncode == 1 and "no book here" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     p = gpuhive("evaluate", "--policy", str(tmp_path / "none.npz"))
-    assert p.returncode == 2 and "does not exist" in p.stderr
+    assert p.returncode == 2 and "No such file or directory" in p.stderr
 
 
 def test_version_prints_the_package_version():

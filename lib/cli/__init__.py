@@ -17,12 +17,17 @@ r"""``gpuhive``: the command line.
     gpuhive book --machine hetero-4 --backend model --budget quick
 
 Bad input gets one line on stderr and exit status 2, never a traceback.
+When the reader of stdout goes away (``gpuhive explain ... | head -1``) the
+command stops quietly with exit status 141, what a shell reports for a tool
+that SIGPIPE ended (``cat``, ``grep``): under ``set -o pipefail`` the cut-short
+output still shows.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -44,11 +49,13 @@ from lib.cli import (
     train,
     validate,
 )
-from lib.cli.common import UsageError
+from lib.cli.common import UsageError, check_home
 from lib.contract import ContractError
+from lib.costmodel.parameters import CalibrationError
 from lib.execution import BackendUnavailable, ExecutionError
 from lib.platform.machines import MachineError
 from lib.runtime import DecisionRejected
+from lib.security.seal import SealError
 from lib.storage import StorageError
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
@@ -60,7 +67,10 @@ COMMANDS = (doctor, explain, run, validate, characterise, calibrate, codegen, sc
 
 #: Errors that mean the input was bad: one line on stderr, exit status 2.
 BAD_INPUT = (UsageError, ContractError, MachineError, DecisionRejected,
-             BackendUnavailable, StorageError)
+             BackendUnavailable, StorageError, CalibrationError, SealError)
+#: The exit status when stdout's reader has gone: 128 + SIGPIPE, as for a tool
+#: the signal ended.
+EXIT_PIPE = 141
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpuhive`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help or --version into a closed pipe
+            raise
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError as exc:
+        if not _stdout_gone():
+            return _internal_error(exc)
+        # As the Python docs advise: point stdout at devnull so the flush at
+        # exit cannot fail again, and stop without a word.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (AttributeError, OSError, ValueError):
+            pass
+        return EXIT_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command, mapping its errors to exit statuses."""
+    try:
+        check_home()
         return args.run(args)
     except BAD_INPUT as exc:
         print(f"gpuhive: error: {exc}", file=sys.stderr)
@@ -97,12 +132,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuhive: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
     except Exception as exc:
-        if os.environ.get("GPUHIVE_DEBUG"):
-            raise
-        print(f"gpuhive: internal error: {type(exc).__name__}: {exc} "
-              "(set GPUHIVE_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    if os.environ.get("GPUHIVE_DEBUG"):
+        raise exc
+    print(f"gpuhive: internal error: {type(exc).__name__}: {exc} "
+          "(set GPUHIVE_DEBUG=1 for the traceback)", file=sys.stderr)
+    return 1
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (so a
+    BrokenPipeError came from there, not from some other pipe)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True  # no poll here, or no stdout to ask: trust the exception
 
 
 if __name__ == "__main__":

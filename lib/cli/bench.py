@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lib.cli.common import DEFAULT_MACHINE, add_json, emit
+from lib.cli.common import DEFAULT_MACHINE, add_json, emit, repeats_type
 
 HELP = "benchmarks that print figures: optimum search, cache hit, env steps/s, " \
        "PPO update, decision latency"
@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--what", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS,
                    metavar="NAME", help=f"the benchmarks to run, of "
                                         f"{', '.join(BENCHMARKS)} (default: all)")
-    p.add_argument("--repeats", type=int, default=20,
+    p.add_argument("--repeats", type=repeats_type, default=20,
                    help="repeats of each timing; the benchmarks scale their own "
                         "counts from it (default: %(default)s)")
     add_json(p)

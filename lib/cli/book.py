@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lib.cli.common import add_backend, add_budget, add_machine, add_seed
+from lib.cli.common import (
+    add_backend,
+    add_budget,
+    add_machine,
+    add_seed,
+    check_calibration,
+)
 
 HELP = "execute the notebooks and build the HTML book"
 
@@ -31,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the book; exit 0, or 1 when it could not be built."""
     from lib.book import BookError, build_book
 
+    check_calibration(args.machine)
     try:
         build_book(machine=args.machine, backend=args.backend, budget=args.budget,
                    seed=args.seed, html=not args.no_html)

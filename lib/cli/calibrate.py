@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from lib.cli.common import (
     LOCAL_MACHINE,
@@ -11,6 +12,8 @@ from lib.cli.common import (
     add_machine,
     add_seed,
     emit,
+    finite_float,
+    read_json,
 )
 
 HELP = "fit the cost model to measured runs and report its error on held-out runs"
@@ -27,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--characterisation", metavar="FILE",
                    help="the measured runs (default: "
                         "$GPUHIVE_HOME/characterisation/<machine>.json)")
-    p.add_argument("--holdout", type=float, default=0.3,
+    p.add_argument("--holdout", type=finite_float(0.0, 1.0), default=0.3,
                    help="fraction of runs held out for scoring "
                         "(default: %(default)s)")
     add_seed(p, "split into fitted and held-out runs")
@@ -39,7 +42,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit and report; exit 0."""
     from lib.costmodel.calibrate import CalibrationError, calibrate_machine
+    from lib.storage import characterisation_path
 
+    # The runs file is read here first, with every input file's checks; the
+    # fit reads it again (where it is missing, the fit says how to make it).
+    runs = args.characterisation or characterisation_path(args.machine)
+    if os.path.lexists(runs):
+        read_json(runs, "characterisation")
     try:
         report = calibrate_machine(args.machine, args.characterisation,
                                    holdout=args.holdout, seed=args.seed)

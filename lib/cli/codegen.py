@@ -1,4 +1,10 @@
-"""``gpuhive codegen``: generate the kernel for a task, through the whole plane."""
+"""``gpuhive codegen``: generate the kernel for a task, through the whole plane.
+
+``--provider recorded --answers FILE.json [--answer-id ID]`` replays a stored
+answer (an LLM's, or one written by hand) through Gate 2a, NVRTC, the spot
+check and the sealed cache; the output says whether the answer or the
+template's fallback was used and which check refused a refused answer.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ from lib.cli.common import (
     add_task_options,
     emit,
     parse_dims,
+    read_text,
 )
 from lib.codegen import PROVIDERS, CodeGenerator, CodegenError, GeneratedKernel
+from lib.codegen.llm import Provider
 from lib.contract import TaskSpec
 from lib.platform.machines import load_machine
 from lib.policies.baselines import ProportionalToPeak
@@ -25,11 +33,24 @@ from lib.security import check_decision
 HELP = "CUDA source specialised to the decision for a task, through Gate 2"
 #: The provider ``--provider`` names by default: the shipped templates, offline.
 DEFAULT_PROVIDER = "template"
+#: The check a rejection reason of the plane names, by the reason's start
+#: (:mod:`lib.codegen.plane` writes "Gate 2a: ...", "NVRTC: ...", "spot check
+#: ...", and :func:`lib.codegen.llm.extract_code` the answer's form).
+REFUSING_CHECKS = (("Gate 2a", "Gate 2a"), ("NVRTC", "NVRTC"),
+                   ("spot check", "the spot check"),
+                   ("the answer", "the code-block extraction"),
+                   ("the code block", "the code-block extraction"))
+
+
+def refusing_check(reason: str) -> str:
+    """The check that refused an answer, read from the plane's reason."""
+    return next((check for start, check in REFUSING_CHECKS
+                 if reason.startswith(start)), "the provider")
 
 
 def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DTYPE,
                      machine_name: str = DEFAULT_MACHINE,
-                     provider: str = DEFAULT_PROVIDER,
+                     provider: str | Provider = DEFAULT_PROVIDER,
                      model: str | None = None) -> GeneratedKernel:
     """What ``gpuhive codegen --kind K --dim NAME=VALUE ... [--dtype D]
     [--machine M] --provider P [--model X] [--show]`` does.
@@ -61,12 +82,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Generate the CUDA kernel for a task, specialised to the "
                     "proportional-to-peak decision on the machine, from the "
                     "template or an LLM provider, through Gate 2 and the "
-                    "sealed kernel cache.")
+                    "sealed kernel cache; --provider recorded replays a stored "
+                    "answer.")
     add_task_options(p, required=True)
     add_machine(p)
     p.add_argument("--provider", default=DEFAULT_PROVIDER, choices=PROVIDERS,
                    help="where the source comes from (default: %(default)s)")
     p.add_argument("--model", help="LLM model name (default from GPUHIVE_*_MODEL)")
+    p.add_argument("--answers", metavar="FILE.json",
+                   help="with --provider recorded: the stored answers, "
+                        '{"answers": [{"id", "kind", "dtype", "answer"}, ...]} '
+                        "(default: the shipped lib/codegen/recorded/answers.json)")
+    p.add_argument("--answer-id", metavar="ID",
+                   help="with --provider recorded: the answer to replay "
+                        "(default: the first for the task's kind and dtype)")
     p.add_argument("--show", action="store_true",
                    help="print the final source on stdout and nothing else")
     add_json(p)
@@ -74,21 +103,73 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the kernel's source (``--show``) or its description; exit 0."""
+def recorded_provider(args: argparse.Namespace,
+                      task: TaskSpec) -> tuple[Provider, str]:
+    """The recorded provider of ``--answers`` and ``--answer-id`` and the id
+    of the answer it replays for ``task``, checked to be there and to be an
+    answer for the task's kind and dtype."""
+    from lib.codegen.llm import RECORDED_PATH, RecordedProvider
+
+    if args.model:
+        raise UsageError("--model does not apply to --provider recorded; name "
+                         "the answer with --answer-id")
+    path = args.answers or RECORDED_PATH
+    # Read as every input file is (UTF-8 text); the provider parses it.
+    provider = RecordedProvider(path=path, answer_id=args.answer_id,
+                                raw=read_text(path, "answers").encode())
     try:
-        kernel = generate_for_cli(args.kind, parse_dims(args.dim or []),
-                                  dtype=args.dtype, machine_name=args.machine,
-                                  provider=args.provider, model=args.model)
+        answer = provider.find(task)
+    except CodegenError:
+        held = ", ".join(f"{a['id']} ({a['kind']} {a['dtype']})"
+                         for a in provider.answers) or "none"
+        raise UsageError(f"{path} holds no answer for {task.kind} {task.dtype}; "
+                         f"its answers: {held}") from None
+    if (answer["kind"], answer["dtype"]) != (task.kind, task.dtype):
+        raise UsageError(f"answer {answer['id']!r} is for {answer['kind']} "
+                         f"{answer['dtype']}, the task is {task.kind} "
+                         f"{task.dtype}")
+    return provider, answer["id"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the kernel's source (``--show``) or its description and which
+    code was used; exit 0."""
+    if args.provider != "recorded" and (args.answers or args.answer_id):
+        raise UsageError("--answers and --answer-id need --provider recorded")
+    task = TaskSpec(args.kind, parse_dims(args.dim or []), args.dtype)
+    provider: str | Provider = args.provider
+    answer_id = None
+    try:
+        if args.provider == "recorded":
+            provider, answer_id = recorded_provider(args, task)
+        kernel = generate_for_cli(task.kind, task.dims, dtype=task.dtype,
+                                  machine_name=args.machine, provider=provider,
+                                  model=args.model)
     except CodegenError as exc:
         raise UsageError(str(exc)) from None
     if args.show:
         sys.stdout.write(kernel.source if kernel.source.endswith("\n")
                          else kernel.source + "\n")
         return 0
-    emit(args, {"kernel": kernel.kernel_name, "provider": kernel.provider,
-                "model": kernel.model, "label": kernel.label,
-                "cached": kernel.cached, "fell_back_from": list(kernel.fell_back_from),
-                "reasons": list(kernel.reasons), "ptx_bytes": kernel.ptx_bytes,
-                "registers": kernel.registers}, kernel.describe())
+    refused = [{"provider": name, "check": refusing_check(why), "reason": why}
+               for name, why in zip(kernel.fell_back_from, kernel.reasons,
+                                   strict=True)]
+    who = (f"recorded answer {answer_id!r}" if answer_id is not None
+           else f"{args.provider} answer")
+    if kernel.provider != "template":
+        used = f"the {who}"
+    elif refused:
+        used = f"the template, as the {who} was refused by {refused[-1]['check']}"
+    else:
+        used = "the template"
+    obj = {"kernel": kernel.kernel_name, "provider": kernel.provider,
+           "model": kernel.model, "label": kernel.label,
+           "used": "template" if kernel.provider == "template" else "answer",
+           "refused": refused, "cached": kernel.cached,
+           "fell_back_from": list(kernel.fell_back_from),
+           "reasons": list(kernel.reasons), "ptx_bytes": kernel.ptx_bytes,
+           "registers": kernel.registers}
+    if answer_id is not None:
+        obj.update(answers=str(provider.path), answer_id=answer_id)
+    emit(args, obj, f"{kernel.describe()}\nused     {used}")
     return 0

@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Iterator, Sequence
+import math
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lib.budgets import BUDGETS, DEFAULT_BUDGET
 from lib.contract import (
@@ -22,7 +25,9 @@ from lib.contract import (
     KIND_DIMS,
     KINDS,
     MEASURING_BACKENDS,
+    ContractError,
     TaskSpec,
+    loads_strict,
 )
 from lib.execution import BACKENDS
 from lib.policies.baselines import Policy
@@ -38,6 +43,12 @@ DEFAULT_BACKEND = "model"
 LOCAL_BACKEND = "cpu"
 #: The policy ``--policy`` names by default: the shipped learned one.
 DEFAULT_POLICY = "rl"
+#: The most bytes an input file may hold (16 MiB): every task, decision,
+#: source, characterisation or answers file is far smaller, and a cap keeps a
+#: mistaken path (a disk image, ``/dev/zero``) from filling memory.
+MAX_INPUT_BYTES = 16 << 20
+
+T = TypeVar("T")
 
 
 class UsageError(ValueError):
@@ -65,6 +76,61 @@ class LazyChoices:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values())
+
+
+# -- option types -----------------------------------------------------------
+# argparse turns their ArgumentTypeError into one line naming the option
+# ("argument --repeats: expected an integer >= 1, got 0") and exit status 2.
+
+def _shown(text: str, width: int = 40) -> str:
+    """``text`` cut to ``width`` characters for a message (a 5000-digit number
+    stays one short line)."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An option type: an integer of at least ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer, got {_shown(text)!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def finite_float(low: float, high: float | None = None, *,
+                 low_open: bool = False) -> Callable[[str], float]:
+    """An option type: a finite number in ``[low, high)`` (``(low, high)`` with
+    ``low_open``; no upper bound if ``high`` is None)."""
+    span = (f"{'>' if low_open else '>='} {low:g}" if high is None else
+            f"in {'(' if low_open else '['}{low:g}, {high:g})")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number, got {_shown(text)!r}") from None
+        inside = (value > low if low_open else value >= low) and (
+            high is None or value < high)
+        if not math.isfinite(value) or not inside:
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {span}, got {_shown(text)!r}")
+        return value
+    parse.__name__ = f"number {span}"
+    return parse
+
+
+#: ``--repeats``: at least one timed run.
+repeats_type = int_at_least(1)
+#: ``--warmup`` and ``--seed``: zero or more.
+count_type = int_at_least(0)
 
 
 # -- options ----------------------------------------------------------------
@@ -124,7 +190,7 @@ def add_budget(p: argparse.ArgumentParser) -> None:
 
 def add_seed(p: argparse.ArgumentParser, what: str = "random numbers") -> None:
     """``--seed N``; ``what`` says what it seeds."""
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=count_type, default=0,
                    help=f"seed of the {what} (default: %(default)s)")
 
 
@@ -144,31 +210,175 @@ def fmt_seconds(t: float) -> str:
 
 
 def parse_dims(items: Sequence[str]) -> dict[str, int]:
-    """``["N=4096", ...]`` as ``{"N": 4096, ...}``; UsageError naming the item."""
+    """``["N=4096", ...]`` as ``{"N": 4096, ...}``; UsageError naming the item
+    (not NAME=VALUE, not an integer, or a name given twice)."""
     dims: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
+        name = name.strip()
         if not sep or not name:
-            raise UsageError(f"--dim {item!r}: expected NAME=VALUE, e.g. --dim N=4096")
+            raise UsageError(f"--dim {_shown(item)!r}: expected NAME=VALUE, e.g. "
+                             "--dim N=4096")
+        if name in dims:
+            raise UsageError(f"--dim {name} given twice ({name}={dims[name]} and "
+                             f"{_shown(item)}); give each dimension once")
         try:
-            dims[name.strip()] = int(value)
+            dims[name] = int(value)
         except ValueError:
-            raise UsageError(f"--dim {item!r}: {value!r} is not an integer") from None
+            raise UsageError(f"--dim {_shown(item)!r}: {_shown(value)!r} is not an "
+                             "integer") from None
     return dims
 
 
-def read_text(path: str, what: str) -> str:
-    """The text of the ``what`` file at ``path``; UsageError naming it."""
+# -- input files ------------------------------------------------------------
+# Every file a command reads is read here: a regular file (a FIFO, a device or
+# a folder is refused before any read, so nothing hangs), at most
+# MAX_INPUT_BYTES, UTF-8 text where text is expected, strict JSON where JSON
+# is. Every failure is a UsageError naming the file: one line, exit status 2.
+
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` is no input file, or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+    return f"not a regular file ({what})"
+
+
+def input_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` checked to be a regular file, for readers that open it
+    themselves (a policy ``.npz``); UsageError naming it otherwise."""
     try:
-        return Path(path).read_text()
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{what} file {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+    if (why := _not_regular(mode)) is not None:
+        raise UsageError(f"{what} file {path}: {why}")
+    return Path(path)
+
+
+def read_bytes(path: str | os.PathLike, what: str, *,
+               limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the ``what`` file at ``path``: a regular file of at most
+    ``limit`` bytes; UsageError naming it otherwise.
+
+    The file is opened without blocking (a FIFO opens at once) and checked on
+    the open descriptor, so it cannot be swapped between check and read.
+    """
+    where = f"{what} file {path}"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{where}: {getattr(exc, 'strerror', None) or exc}"
+                         ) from None
+    try:
+        st = os.fstat(fd)
+        if (why := _not_regular(st.st_mode)) is not None:
+            raise UsageError(f"{where}: {why}")
+        too_big = UsageError(f"{where}: larger than {limit >> 20} MiB, the most an "
+                             "input file may hold")
+        if st.st_size > limit:
+            raise too_big
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise too_big
     except OSError as exc:
-        raise UsageError(f"{what} file {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"{where}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike, what: str, *,
+              limit: int = MAX_INPUT_BYTES) -> str:
+    """The text of the ``what`` file at ``path``, which must be UTF-8 (a
+    UTF-8 byte-order mark is dropped); UsageError naming it otherwise."""
+    data = read_bytes(path, what, limit=limit)
+    where = f"{what} file {path}"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UsageError(f"{where}: UTF-16 text (it starts with a UTF-16 "
+                         "byte-order mark); save it as UTF-8")
+    if b"\0" in data:
+        raise UsageError(f"{where}: holds NUL bytes at offset {data.index(0)} "
+                         "(UTF-16 text, or not text); save it as UTF-8")
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        raise UsageError(f"{where}: not UTF-8 text (byte 0x{data[at]:02x} at "
+                         f"offset {at}); save it as UTF-8") from None
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The ``what`` file at ``path`` decoded as strict JSON (no NaN, infinity
+    or duplicate keys); UsageError naming it otherwise."""
+    text = read_text(path, what)
+    where = f"{what} file {path}"
+    try:
+        return loads_strict(text)
+    except ContractError as exc:  # "json: not valid JSON: ...", "N: duplicate field"
+        raise UsageError(f"{where}: "
+                         f"{exc.problem if exc.field == 'json' else exc}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of 4300+ digits
+        raise UsageError(f"{where}: not valid JSON: {_shown(str(exc), 80)}") from None
+
+
+def load_file(path: str | os.PathLike, what: str,
+              parse: Callable[[Any], T]) -> T:
+    """``parse`` of the JSON in the ``what`` file at ``path``
+    (``TaskSpec.from_json``, ``Decision.from_json``); a contract error names
+    the file and the field."""
+    obj = read_json(path, what)
+    try:
+        return parse(obj)
+    except ContractError as exc:
+        raise UsageError(f"{what} file {path}: {exc}") from None
+
+
+def check_home() -> None:
+    """Refuse a home folder (``$GPUHIVE_HOME``, else ``~/.gpuhive``) that is a
+    file or lies below one, before a command works for minutes and then
+    cannot write."""
+    from lib.storage import gpuhive_home
+
+    home = gpuhive_home()
+    name = "GPUHIVE_HOME" if os.environ.get("GPUHIVE_HOME") else "home folder"
+    probe = home
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        below = "" if probe == home else f" ({probe} is a file)"
+        raise UsageError(f"{name} {home} is not a folder{below}")
+
+
+def check_calibration(machine_name: str) -> None:
+    """Read the machine's stored calibration file, where there is one, as an
+    input file: the commands that use it fail fast, naming it, rather than
+    deep inside a run."""
+    from lib.storage import StorageError, calibration_path
+
+    try:
+        path = calibration_path(machine_name)
+    except StorageError:
+        return  # the command refuses the name itself
+    if os.path.lexists(path):
+        read_json(path, "calibration")
 
 
 def task_from_args(args: argparse.Namespace) -> TaskSpec:
     """The task of ``--task FILE``, or of ``--kind``, ``--dim`` and ``--dtype``."""
     if getattr(args, "task", None):
-        return TaskSpec.from_json(read_text(args.task, "task"))
+        return load_file(args.task, "task", TaskSpec.from_json)
     if not args.kind:
         raise UsageError("give --kind and --dim NAME=VALUE (or --task FILE)")
     return TaskSpec(kind=args.kind, dims=parse_dims(args.dim or []),
@@ -178,6 +388,8 @@ def task_from_args(args: argparse.Namespace) -> TaskSpec:
 def policy_from_args(args: argparse.Namespace) -> Policy:
     """The policy ``--policy`` names; UsageError for an unknown name or a policy
     file that cannot be loaded."""
+    if args.policy not in POLICIES and os.path.lexists(args.policy):
+        input_file(args.policy, "policy")
     try:
         return make_policy(args.policy)
     except ValueError as exc:

@@ -13,6 +13,8 @@ from lib.cli.common import (
     add_json,
     add_machine,
     add_seed,
+    check_calibration,
+    input_file,
 )
 
 HELP = "Table 4, ablations, transfer and the targets T1-T7"
@@ -42,8 +44,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Print the report; exit 0."""
-    if args.policy and not Path(args.policy).is_file():
-        raise UsageError(f"policy file {args.policy} does not exist")
+    from lib.policies.learned import load_policy
+
+    if args.policy:
+        # Loaded here so a file that is no policy is refused (exit 2) rather
+        # than left out of the report with a note.
+        input_file(args.policy, "policy")
+        try:
+            load_policy(args.policy)
+        except ValueError as exc:
+            raise UsageError(f"--policy: {exc}") from None
+    if args.markdown:
+        out = Path(args.markdown)
+        if out.is_dir() or not out.parent.is_dir():
+            raise UsageError(f"--markdown {args.markdown}: not a file in an "
+                             "existing folder")
+    check_calibration(args.machine)
     from lib.evaluation import evaluate
 
     report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,

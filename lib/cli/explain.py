@@ -11,6 +11,7 @@ from lib.cli.common import (
     add_policy,
     add_task_file,
     add_task_options,
+    check_calibration,
     emit,
     fmt_seconds,
     policy_from_args,
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from lib.security import check_decision
 
     task = task_from_args(args)
+    check_calibration(args.machine)
     agent = Agent(policy=policy_from_args(args), machine=args.machine)
     params = params_for(agent.machine.name)
     decision = agent.optimize(task)

@@ -14,10 +14,13 @@ from lib.cli.common import (
     add_seed,
     add_task_file,
     add_task_options,
+    check_calibration,
+    count_type,
     emit,
     fmt_seconds,
+    load_file,
     policy_from_args,
-    read_text,
+    repeats_type,
     task_from_args,
 )
 
@@ -44,8 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--verify", action="store_true",
                    help="compare the result with the NumPy reference")
     add_seed(p, "inputs")
-    p.add_argument("--repeats", type=int, default=1, help="timed repeats (cpu)")
-    p.add_argument("--warmup", type=int, default=0, help="untimed runs first (cpu)")
+    p.add_argument("--repeats", type=repeats_type, default=1,
+                   help="timed repeats, 1 or more (cpu)")
+    p.add_argument("--warmup", type=count_type, default=0,
+                   help="untimed runs first, 0 or more (cpu)")
     p.set_defaults(run=run)
     return p
 
@@ -56,14 +61,16 @@ def run(args: argparse.Namespace) -> int:
     from lib.runtime import Agent
 
     task = task_from_args(args)
+    decision = load_file(args.decision, "decision", Decision.from_json) \
+        if args.decision else None
+    check_calibration(args.machine)
     options: dict[str, Any] = {"seed": args.seed}
     if args.backend == LOCAL_BACKEND:
         options.update(repeats=args.repeats, warmup=args.warmup)
     agent = Agent(policy=policy_from_args(args), machine=args.machine,
                   backend=args.backend, **options)
     try:
-        if args.decision:
-            decision = Decision.from_json(read_text(args.decision, "decision"))
+        if decision is not None:
             if args.rehash:
                 decision = decision.with_hash(task)
         else:

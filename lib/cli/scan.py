@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from lib.cli.common import UsageError, add_json, emit
+from lib.cli.common import add_json, emit, read_bytes
 
 HELP = "Gate 2a on a CUDA source file"
 
@@ -15,7 +14,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "scan", help=HELP,
         description="Scan a CUDA source file (and optionally compile options) "
-                    "with Gate 2a; exit 0 if accepted, 1 if rejected.")
+                    "with Gate 2a; exit 0 if accepted, 1 if rejected, 2 if "
+                    "the file cannot be read (missing, not a regular file, "
+                    "over 16 MiB). The bytes are scanned as they are: a source "
+                    "that is not UTF-8 is Gate 2a's to reject.")
     p.add_argument("source", metavar="FILE.cu", help="the CUDA source file")
     p.add_argument("--kernel", required=True, help="the one extern \"C\" "
                                                    "__global__ kernel expected")
@@ -31,11 +33,11 @@ def run(args: argparse.Namespace) -> int:
     """Print the verdict; exit 0 if accepted, 1 if rejected."""
     from lib.security import check_compile_options, scan_source
 
-    try:
-        source = Path(args.source).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"source file {args.source}: "
-                         f"{exc.strerror or exc}") from None
+    # Bytes, not text: Gate 2a judges the encoding itself (bytes.utf8), so a
+    # source that is not UTF-8 is rejected with the offending byte (exit 1);
+    # a file that cannot be read (missing, a FIFO, a device, too large) is bad
+    # input (exit 2).
+    source = read_bytes(args.source, "source")
     verdicts = [scan_source(source, args.kernel)]
     if args.option:
         verdicts.append(check_compile_options(args.option))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from lib.cli.common import add_json, add_seed
+from lib.cli.common import add_json, add_seed, repeats_type
 
 HELP = "the injection suite over the three gates: recall, false positives, latency"
 
@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Run every adversarial and benign case through its gate and "
                     "report recall, false positives and latency; exit 0 only "
                     "for a perfect score.")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=repeats_type, default=3,
                    help="gate calls per case (default: %(default)s)")
     add_seed(p, "run order and the flipped bytes")
     add_json(p)

@@ -20,7 +20,9 @@ from lib.cli.common import (
     add_json,
     add_machine,
     emit,
+    finite_float,
     fmt_seconds,
+    repeats_type,
 )
 from lib.contract import TaskSpec, decision_from_weights
 from lib.execution import get_backend
@@ -90,10 +92,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "the NumPy reference; exit 0 only if every row verified.")
     add_machine(p, default=LOCAL_MACHINE)
     add_backend(p, measuring=True)
-    p.add_argument("--scale", type=float, default=1.0,
+    p.add_argument("--scale", type=finite_float(0.0, low_open=True), default=1.0,
                    help="multiplies every task's divisible dimension "
                         "(default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=repeats_type, default=3,
                    help="timed repeats per row (default: %(default)s)")
     p.add_argument("--out", metavar="FILE", help="write the JSON here")
     add_json(p)

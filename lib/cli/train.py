@@ -6,7 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from lib.cli.common import LazyChoices, add_budget, add_json, add_machine, add_seed
+from lib.cli.common import (
+    LazyChoices,
+    add_budget,
+    add_json,
+    add_machine,
+    add_seed,
+    check_calibration,
+)
 from lib.policies.learned import FEATURE_SETS
 
 HELP = "the three-stage training pipeline (cost model, noisy calibrated model, " \
@@ -54,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """Train and write the policy; exit 0."""
     from lib.training import TrainConfig, train
 
+    check_calibration(args.machine)
     config = TrainConfig(machine=args.machine, budget=args.budget, seed=args.seed,
                          learner=args.learner, features=args.features,
                          use_mask=not args.no_mask,

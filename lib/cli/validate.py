@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from lib.cli.common import add_json, add_machine, add_task_file, emit, read_text
+from lib.cli.common import (
+    add_json,
+    add_machine,
+    add_task_file,
+    emit,
+    load_file,
+    read_text,
+)
 
 HELP = "Gate 1 on a decision file"
 
@@ -14,7 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "validate", help=HELP,
         description="Check a decision file against a task and a machine with "
-                    "Gate 1; exit 0 if accepted, 1 if rejected.")
+                    "Gate 1; exit 0 if accepted, 1 if rejected (text that is not "
+                    "a decision included), 2 if a file cannot be read as UTF-8 "
+                    "text.")
     p.add_argument("decision", metavar="DECISION.json",
                    help="the decision as a JSON file")
     add_task_file(p, required=True)
@@ -30,9 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from lib.platform.machines import load_machine
     from lib.security import check_decision
 
-    task = TaskSpec.from_json(read_text(args.task, "task"))
+    task = load_file(args.task, "task", TaskSpec.from_json)
+    # The decision goes to Gate 1 as text: text that is not a decision (not
+    # JSON, NaN, a duplicate key) is Gate 1's to reject (exit 1); a file that
+    # cannot be read as UTF-8 text is bad input (exit 2).
+    text = read_text(args.decision, "decision")
     machine = load_machine(args.machine)
-    verdict = check_decision(read_text(args.decision, "decision"), task, machine)
+    verdict = check_decision(text, task, machine)
     lines = [verdict.summary()] + [f"  {v}" for v in verdict.violations[1:]]
     emit(args, {"accepted": verdict.accepted,
                 "violations": [{"check": v.check, "message": v.message}

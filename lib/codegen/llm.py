@@ -33,7 +33,8 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -289,32 +290,110 @@ class OpenAICompatibleProvider:
         return completion.choices[0].message.content or ""
 
 
+#: The most bytes an answers file may hold (16 MiB).
+MAX_ANSWERS_BYTES = 16 << 20
+#: The string fields every recorded answer has (``model`` and ``note`` may too).
+ANSWER_FIELDS = ("id", "kind", "dtype", "answer")
+
+
+def read_answers(path: Path | str, raw: bytes | None = None
+                 ) -> list[dict[str, Any]]:
+    """The answers of a recorded-answers file (see :class:`RecordedProvider`),
+    from ``raw`` where the caller has read the file, else read here.
+
+    Raises:
+        CodegenError: one line naming the file: missing, not a regular file,
+            too large, not UTF-8 JSON, or not ``{"answers": [...]}`` with the
+            :data:`ANSWER_FIELDS` as strings and unique ids.
+    """
+    where = f"answers file {path}"
+    if raw is None:
+        raw = _answer_bytes(path)
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CodegenError(f"{where}: not UTF-8 text (byte at offset "
+                           f"{exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise CodegenError(f"{where}: not valid JSON: {exc.msg} at line "
+                           f"{exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:  # 4300+ digits, deep nesting
+        raise CodegenError(f"{where}: not valid JSON: {str(exc)[:80]}") from None
+    answers = obj.get("answers") if isinstance(obj, dict) else None
+    if not isinstance(answers, list):
+        raise CodegenError(f'{where}: expected {{"answers": [...]}}')
+    seen: set[str] = set()
+    for i, a in enumerate(answers):
+        missing = [f for f in ANSWER_FIELDS
+                   if not isinstance(a, dict) or not isinstance(a.get(f), str)]
+        if missing:
+            raise CodegenError(f"{where}: answers[{i}] lacks the string field(s) "
+                               f"{', '.join(missing)}")
+        if a["id"] in seen:
+            raise CodegenError(f"{where}: answer id {a['id']!r} appears twice")
+        seen.add(a["id"])
+    return answers
+
+
+def _answer_bytes(path: Path | str) -> bytes:
+    """The bytes of an answers file: a regular file (a FIFO opens without
+    blocking, then is refused) of at most :data:`MAX_ANSWERS_BYTES`."""
+    where = f"answers file {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError) as exc:
+        raise CodegenError(f"{where}: {getattr(exc, 'strerror', None) or exc}"
+                           ) from None
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CodegenError(f"{where}: not a regular file")
+        raw = fh.read(MAX_ANSWERS_BYTES + 1)
+    if len(raw) > MAX_ANSWERS_BYTES:
+        raise CodegenError(f"{where}: larger than {MAX_ANSWERS_BYTES >> 20} MiB")
+    return raw
+
+
 @dataclass
 class RecordedProvider:
     """Replays stored LLM answers (label RECORDED): no network, no key.
 
     The file is JSON, ``{"answers": [{"id", "kind", "dtype", "model", "note",
-    "answer"}, ...]}``. ``ask`` returns the answer named by ``answer_id``, else
-    the first one recorded for the task's kind and dtype.
+    "answer"}, ...]}`` (``model`` and ``note`` optional; ids unique). ``ask``
+    returns the answer named by ``answer_id``, else the first one recorded for
+    the task's kind and dtype.
 
     Args:
         path: the JSON file; default ``lib/codegen/recorded/answers.json``.
         answer_id: which answer to replay; default by kind and dtype.
+        raw: the file's bytes where the caller has already read them (the
+            command line reads every input file through one helper).
+
+    Raises:
+        CodegenError: the file cannot be read as answers
+            (:func:`read_answers`), or it holds no ``answer_id`` (the message
+            lists the ids it holds).
     """
 
     path: Path | str = RECORDED_PATH
     answer_id: str | None = None
+    raw: bytes | None = field(default=None, repr=False)
     name = "recorded"
     label = "RECORDED"
 
     def __post_init__(self) -> None:
-        raw = Path(self.path).read_bytes()
-        self.answers = json.loads(raw)["answers"]
+        raw = self.raw if self.raw is not None else _answer_bytes(self.path)
+        self.answers = read_answers(self.path, raw)
         self._digest = hashlib.sha256(raw).hexdigest()[:8]
-        if self.answer_id is not None and not any(
-                a["id"] == self.answer_id for a in self.answers):
+        self.raw = None  # parsed; the digest stands for the bytes
+        if self.answer_id is not None and self.answer_id not in self.ids:
             raise CodegenError(f"no recorded answer {self.answer_id!r} in "
-                               f"{self.path}")
+                               f"{self.path}; its ids: "
+                               f"{', '.join(self.ids) or '(none)'}")
+
+    @property
+    def ids(self) -> list[str]:
+        """The ids of the answers in the file, in order."""
+        return [a["id"] for a in self.answers]
 
     @property
     def model(self) -> str:

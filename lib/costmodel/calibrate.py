@@ -275,7 +275,7 @@ def calibrate_machine(machine_name: str,
                                f"run: gpuhive characterise --machine {machine_name}")
     try:
         obj = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(obj, Mapping) or "runs" not in obj:
         raise CalibrationError(f"{path}: no 'runs' list (not a characterisation)")

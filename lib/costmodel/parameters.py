@@ -94,7 +94,7 @@ def load_params(machine_name: str) -> CostParams | None:
         return None
     try:
         obj = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA:
         raise CalibrationError(f"{path}: not a {SCHEMA} file")
