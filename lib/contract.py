@@ -18,6 +18,19 @@ JSON forms (exactly these fields, nothing else)::
     json.dumps({"task": task_json, "decision": decision_json_without_config_hash},
                sort_keys=True, separators=(",", ":"))
 
+Numbers are hashed by value, not by spelling. A share is a JSON number read as
+the nearest IEEE-754 double and written into the hashed text as Python's
+``float.__repr__`` of that double, so ``1``, ``1.0``, ``1e0`` and ``10e-1`` are
+one share (``1.0``) with one hash, whether the decision was parsed with
+:meth:`Decision.from_json`, handed to Gate 1 as JSON text or as a decoded
+object, or built in Python with ``shares=(1,)``. Two spellings differ in value
+and so in hash: an integer beyond the double range (refused: ``shares[i]: must
+be finite``), and ``-0.0``, the double negative zero, which is written
+``-0.0`` (``-0`` is the integer zero, read as ``0.0``); Gate 1 refuses a share
+whose sign bit is set (``contract.negative_share``), so no accepted decision
+carries it. Integers (``gpus``, ``chunk``, ``block``, dims) must be written as
+integers: ``4096.0`` is refused where an integer is due.
+
 Parsing untrusted JSON (:meth:`TaskSpec.from_json`, :meth:`Decision.from_json`)
 checks *form*: unknown or missing fields, NaN/Infinity, bools where numbers are
 due, floats where integers are due and wrong types each raise a
@@ -129,15 +142,34 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def shown(value: Any) -> str:
+    """``value`` for a one-line error message: an integer of more than 30
+    digits is named by its digit count (one of 5,000 cannot even be printed),
+    anything else by its ``repr``, cut at 60 characters."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = int(value)
+        if abs(value) < 10**30:
+            return str(value)
+        if value.bit_length() < 14000:  # str() works below 4300 digits
+            return f"an integer of {len(str(abs(value)))} digits"
+        return (f"an integer of about "
+                f"{int(value.bit_length() * math.log10(2)) + 1} digits")
+    try:
+        return f"{value!r:.60}"
+    except ValueError:  # it holds an integer too long to print
+        return f"a {_type_name(value)}"
+
+
 def expect_int(value: Any, field: str, low: int, high: int) -> int:
     """Return ``value`` if it is an int (not a bool, not a float) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ContractError(
-            field, f"expected an integer, got {_type_name(value)} {value!r}"
+            field, f"expected an integer, got {_type_name(value)} {shown(value)}"
         )
     value = int(value)
     if not low <= value <= high:
-        raise ContractError(field, f"must be in [{low}, {high}], got {value}")
+        raise ContractError(field, f"must be in [{low}, {high}], got "
+                                   f"{shown(value)}")
     return value
 
 
@@ -147,9 +179,13 @@ def expect_number(value: Any, field: str) -> float:
         value, (int, float, np.integer, np.floating)
     ):
         raise ContractError(
-            field, f"expected a number, got {_type_name(value)} {value!r}"
+            field, f"expected a number, got {_type_name(value)} {shown(value)}"
         )
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the double range
+        raise ContractError(field, f"must be finite, got {shown(value)} (beyond "
+                                   "the range of a double)") from None
     if not math.isfinite(value):
         raise ContractError(field, f"must be finite, got {value}")
     return value
@@ -159,11 +195,12 @@ def expect_choice(value: Any, field: str, choices: Sequence[str]) -> str:
     """Return ``value`` if it is one of the strings in ``choices``."""
     if not isinstance(value, str):
         raise ContractError(
-            field, f"expected a string, got {_type_name(value)} {value!r}"
+            field, f"expected a string, got {_type_name(value)} {shown(value)}"
         )
     if value not in choices:
         raise ContractError(
-            field, f"unknown value {value!r}; expected one of {', '.join(choices)}"
+            field, f"unknown value {value!r:.60}; expected one of "
+                   f"{', '.join(choices)}"
         )
     return value
 
@@ -206,6 +243,11 @@ def loads_strict(text: str | bytes) -> Any:
                                     f"{exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise ContractError("json", "nested too deeply") from None
+    except ContractError:
+        raise
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ContractError("json", "not valid JSON: "
+                                    f"{str(exc).split(':')[0][:80]}") from None
 
 
 def _as_obj(data: str | bytes | Mapping[str, Any]) -> Any:

@@ -19,6 +19,14 @@ FORMER_GAPS = {
     "g2a.fp.lambda_unary_plus": "token.function_pointer",
     "g2b.rollback_index_deleted": "seal.rollback",
     "g2b.rollback_old_index": "seal.rollback",
+    "g1.chunk_count.one_row": "feasibility.chunk_count",
+    "g1.negative.zero": "contract.negative_share",
+    "g2b.copy_from_other_folder": "seal.placement",
+    "g2b.rollback_counter_deleted": "seal.rollback",
+    "g2b.fifo": "seal.io",
+    "g2b.sparse_oversize": "seal.io",
+    "g2b.target_arch": "seal.target",
+    "g2b.loose_folder_group": "seal.folder",
 }
 
 

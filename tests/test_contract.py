@@ -261,3 +261,56 @@ def test_the_hash_memo_never_outlives_a_change():
     # the same decision, the task's dims changed in place: recomputed
     task.dims["N"] = 999
     assert config_hash(task, d) != d.config_hash
+
+
+# --------------------------------------------------------------------------
+# Numbers by value: a share written 1 is the share 1.0
+
+@pytest.mark.parametrize("spelling", ["1", "1.0", "1e0", "10e-1", "1.00", "1E+0"])
+def test_a_share_hashes_by_value_not_by_spelling(spelling):
+    task = TaskSpec.from_json(TASK_JSON)
+    text = ('{"gpus": [0], "shares": [' + spelling + '], "chunk": 8192, '
+            '"block": 256, "mode": "single", "comm_path": "host"}')
+    d = Decision.from_json(text)
+    assert d.shares == (1.0,) and type(d.shares[0]) is float
+    documented = json.dumps(
+        {"task": TASK_JSON, "decision": {**json.loads(text), "shares": [1.0]}},
+        sort_keys=True, separators=(",", ":"))
+    assert config_hash(task, d) == hashlib.sha256(documented.encode()).hexdigest()
+    assert '"shares":[1.0]' in canonical_json(task, d)
+
+
+def test_an_integer_share_built_in_python_hashes_as_its_float():
+    task = TaskSpec.from_json(TASK_JSON)
+    as_int = Decision(gpus=(0, 2), shares=(1, 0), chunk=4096)
+    as_float = Decision(gpus=(0, 2), shares=(1.0, 0.0), chunk=4096)
+    assert config_hash(task, as_int) == config_hash(task, as_float)
+
+
+def test_negative_zero_is_a_different_value():
+    # documented: -0 is the integer zero, -0.0 the double negative zero
+    task = TaskSpec.from_json(TASK_JSON)
+    base = {**DECISION_JSON, "shares": [1.0, 0.0]}
+    as_int = Decision.from_json({**base, "shares": [1, -0]})
+    assert config_hash(task, as_int) == config_hash(task, Decision.from_json(base))
+    neg = Decision.from_json(json.dumps(base).replace("0.0]", "-0.0]"))
+    assert config_hash(task, neg) != config_hash(task, as_int)
+
+
+def test_an_integer_share_beyond_a_double_is_a_contract_error():
+    with pytest.raises(ContractError) as info:
+        Decision.from_json({**DECISION_JSON, "shares": [10**400, 0.25]})
+    assert info.value.field == "shares[0]"
+    assert "must be finite" in str(info.value) and "401 digits" in str(info.value)
+    text = json.dumps(DECISION_JSON).replace("0.75", "1" * 5000)
+    with pytest.raises(ContractError) as info:
+        Decision.from_json(text)
+    assert info.value.field == "json" and "4300 digits" in str(info.value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ContractError, match=r"^gpus\[0\]: .*about 5001 digits"):
+        Decision.from_json({**DECISION_JSON, "gpus": [10**5000, 2]})
+    with pytest.raises(ContractError, match=r"^mode: .*about 5001 digits"):
+        Decision.from_json({**DECISION_JSON, "mode": 10**5000})
+    with pytest.raises(ContractError, match=r"^mode: expected a string, got list "
+                                            r"a list$"):
+        Decision.from_json({**DECISION_JSON, "mode": [10**5000]})

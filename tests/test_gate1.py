@@ -8,10 +8,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.contract import Decision, TaskSpec
+from lib.contract import (
+    MAX_DEVICES,
+    MODES,
+    PIPELINE_CHUNKS,
+    Decision,
+    TaskSpec,
+    config_hash,
+)
+from lib.platform.machines import load_machine, local_cpu_machine
 from lib.platform.telemetry import Snapshot, busy
 from lib.platform.workloads import split_rows, workload
+from lib.policies.actions import decision_from_weights_row
 from lib.security import check_decision
+from lib.security.gate1 import MAX_CHUNKS_PER_SHARD, MAX_PIPELINE_LAUNCHES
 
 TASK = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
 
@@ -164,3 +174,126 @@ def test_a_decision_object_gets_the_verdict_of_its_json(
         expected = sum(_memory_violations(task, decision, hetero4, telemetry))
         found = sum(v.check == "feasibility.memory" for v in verdict.violations)
         assert found == expected
+
+
+# --------------------------------------------------------------------------
+# The work a decision can create: pipelined chunks per shard and in all
+
+def _pipelined(task, gpus, shares, chunk):
+    return Decision(gpus=tuple(gpus), shares=tuple(shares), chunk=chunk, block=256,
+                    mode="pipelined", comm_path="host").with_hash(task)
+
+
+def test_chunk_one_on_the_largest_dimension_is_refused(hetero4):
+    task = TaskSpec("elementwise", {"N": 2**31 - 1})
+    v = check_decision(_pipelined(task, (0, 1), (0.5, 0.5), 1), task, hetero4)
+    assert v.checks == ("feasibility.chunk_count",), v.summary()
+    assert "shard 0 into 1073741824 pipelined chunks" in v.violations[0].message
+    assert "\n" not in v.summary()
+
+
+def test_chunks_per_shard_bound_is_inclusive(hetero4):
+    at = _pipelined(TASK, (0, 2), (0.5, 0.5), 1)  # 4096 chunks a shard
+    assert check_decision(at, TASK, hetero4).accepted
+    over = _pipelined(TASK, (0, 2), (0.75, 0.25), 1)  # shard 0: 6144 chunks
+    v = check_decision(over, TASK, hetero4)
+    assert v.checks == ("feasibility.chunk_count",)
+    assert f"at most {MAX_CHUNKS_PER_SHARD} per shard" in v.violations[0].message
+
+
+def test_total_launches_bound():
+    machine = local_cpu_machine(8)
+    n = 8 * MAX_CHUNKS_PER_SHARD
+    task = TaskSpec("elementwise", {"N": n})
+    shares = [1 / 8] * 8
+    v = check_decision(_pipelined(task, range(8), shares, 1), task, machine)
+    assert v.checks == ("feasibility.chunk_count",), v.summary()
+    assert f"{n} pipelined chunk launches over 8 shards" in v.violations[0].message
+    assert check_decision(_pipelined(task, range(8), shares, 2), task,
+                          machine).accepted  # 16384 in all: at the bound
+
+
+def test_split_and_single_mode_ignore_the_chunk_count(hetero4):
+    task = TaskSpec("elementwise", {"N": 2**31 - 1})
+    d = Decision(gpus=(0, 1), shares=(0.5, 0.5), chunk=1).with_hash(task)
+    assert check_decision(d, task, hetero4).accepted
+
+
+def test_the_bounds_hold_what_every_policy_asks_for():
+    # the optimum and the learned policy cut the largest shard into at most
+    # max(PIPELINE_CHUNKS) chunks, on at most MAX_DEVICES devices
+    assert max(PIPELINE_CHUNKS) <= MAX_CHUNKS_PER_SHARD
+    assert max(PIPELINE_CHUNKS) * MAX_DEVICES <= MAX_PIPELINE_LAUNCHES
+
+
+@settings(max_examples=200, deadline=None)
+@given(_TASKS, st.lists(st.floats(0.01, 1), min_size=1, max_size=8),
+       st.integers(0, len(PIPELINE_CHUNKS) - 1), st.booleans())
+def test_the_learned_policy_and_optimum_chunking_is_never_refused(
+        task, weights, chunks, eight):
+    machine = local_cpu_machine(8) if eight else load_machine("hetero-4")
+    weights = (weights * 8)[:machine.n]
+    pipelined = MODES.index("pipelined")
+    # the learned policy's decoder
+    d = decision_from_weights_row(task, weights, 2, pipelined, 0, chunks)
+    assert "feasibility.chunk_count" not in check_decision(d, task, machine).checks
+    # the optimum's rule: chunk = ceil(biggest / c) for its own row counts
+    biggest = max(hi - lo for lo, hi in split_rows(task.split_size, d.shares))
+    for c in PIPELINE_CHUNKS:
+        opt = _pipelined(task, d.gpus, d.shares, max(1, -(-biggest // c)))
+        assert "feasibility.chunk_count" not in check_decision(opt, task,
+                                                               machine).checks
+
+
+# --------------------------------------------------------------------------
+# Shares written as integers: checked and hashed by value
+
+def test_share_written_as_1_or_1_0_parses_hashes_and_passes_the_same(hetero4):
+    one = Decision(gpus=(0,), shares=(1.0,), chunk=8192, mode="single")
+    digest = one.with_hash(TASK).config_hash
+    spellings = ("1", "1.0", "1e0", "10e-1", "1.000")
+    for spelling in spellings:
+        text = (f'{{"gpus": [0], "shares": [{spelling}], "chunk": 8192, '
+                f'"block": 256, "mode": "single", "comm_path": "host", '
+                f'"config_hash": "{digest}"}}')
+        parsed = Decision.from_json(text)
+        assert parsed.shares == (1.0,) and type(parsed.shares[0]) is float
+        assert config_hash(TASK, parsed) == digest, spelling
+        for form in (text, json.loads(text), parsed):
+            v = check_decision(form, TASK, hetero4)
+            assert v.accepted, (spelling, type(form).__name__, v.summary())
+    as_int = Decision(gpus=(0,), shares=(1,), chunk=8192, mode="single")
+    assert as_int.with_hash(TASK).config_hash == digest
+    assert check_decision(as_int.with_hash(TASK), TASK, hetero4).accepted
+
+
+def test_integer_shares_in_two_devices(hetero4):
+    base = good(shares=(1.0, 0.0))
+    obj = {**base.to_json(), "shares": [1, 0]}
+    assert check_decision(obj, TASK, hetero4).accepted
+    assert Decision.from_json(obj).with_hash(TASK).config_hash == base.config_hash
+
+
+def test_negative_zero_share_is_refused_by_name(hetero4):
+    # -0 is the integer zero (share 0.0); -0.0 would hash apart from it
+    assert check_decision({**good(shares=(1.0, 0.0)).to_json(), "shares": [1, -0]},
+                          TASK, hetero4).accepted
+    d = good(shares=(1.0, -0.0))
+    assert d.config_hash != good(shares=(1.0, 0.0)).config_hash
+    v = check_decision(d, TASK, hetero4)
+    assert v.checks == ("contract.negative_share",)
+    assert "negative zero" in v.violations[0].message
+
+
+def test_an_integer_share_beyond_a_double_is_nonfinite(hetero4):
+    obj = {**good().to_json(), "shares": [10**400, 0.25]}
+    v = check_decision(obj, TASK, hetero4)
+    assert v.checks == ("form.nonfinite",), v.summary()
+    assert v.violations[0].message.startswith("shares[0]: must be finite, got an "
+                                              "integer of 401 digits")
+    huge = '{"gpus": [0], "shares": [' + "1" * 5000 + '], "chunk": 1, ' \
+           '"block": 256, "mode": "single", "comm_path": "host"}'
+    assert check_decision(huge, TASK, hetero4).checks == ("form.json",)
+    obj = {**good().to_json(), "gpus": [10**5000, 2]}
+    v = check_decision(obj, TASK, hetero4)
+    assert v.checks == ("form.size",) and "about 5001 digits" in v.summary()

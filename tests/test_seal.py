@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
+import shutil
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lib.codegen.cache import KernelCache, cache_key
+from lib.security import seal as seal_module
 from lib.security.seal import (
     FORMAT_VERSION,
     MAGIC,
+    MAX_ENTRY_BYTES,
     Seal,
     SealedEntry,
     SealError,
+    folder_problem,
+    make_target,
 )
 
 SOURCE = 'extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n'
@@ -275,7 +283,7 @@ def test_a_stale_index_file_in_the_cache_folder_is_ignored(seal, tmp_path):
 def test_entry_copied_into_a_folder_it_was_never_written_to(seal, tmp_path):
     seal.write(make(seal), tmp_path / "cache" / "a.sealed")
     other = tmp_path / "elsewhere" / "a.sealed"
-    other.parent.mkdir()
+    other.parent.mkdir(mode=0o700)
     other.write_bytes((tmp_path / "cache" / "a.sealed").read_bytes())
     loaded, verdict = seal.load(other, HASH_A)
     assert verdict.checks == ("seal.rollback",)
@@ -413,3 +421,288 @@ def test_concurrent_writes_leave_one_valid_entry(tmp_path):
     assert set(loaded.binary) <= {ord("A"), ord("B")}
     leftovers = [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+
+# ---- files that are not entries: refused without blocking, by size unread -------
+
+
+def _unblocked(call, fifo: Path, timeout: float = 5.0):
+    """``call()``'s result or exception, run in a thread; ``"blocked"`` when it
+    waits on ``fifo`` (then a writer is opened so the thread ends)."""
+    box: list = []
+
+    def run():
+        try:
+            box.append(call())
+        except Exception as exc:  # handed back to the test
+            box.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout)
+        return "blocked"
+    return box[0]
+
+
+def test_a_fifo_entry_is_refused_without_blocking(seal, tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    path.parent.mkdir(mode=0o700)
+    os.mkfifo(path, 0o600)
+    result = _unblocked(lambda: seal.load(path, HASH_A), path)
+    assert result != "blocked", "Seal.load blocked on a FIFO"
+    loaded, verdict = result
+    assert loaded is None and verdict.checks == ("seal.io",)
+    assert "a FIFO, not a regular file" in verdict.violations[0].message
+    assert str(path) in verdict.violations[0].message
+
+
+def test_a_fifo_key_or_counter_is_refused_without_blocking(tmp_path):
+    key = tmp_path / "keys" / "seal.key"
+    key.parent.mkdir(mode=0o700)
+    os.mkfifo(key, 0o600)
+    result = _unblocked(lambda: Seal(key), key)
+    assert isinstance(result, SealError), result
+    assert "not a regular file" in str(result)
+    key.unlink()
+    seal = Seal(key)
+    counter = tmp_path / "keys" / "seal.key.counter"
+    os.mkfifo(counter, 0o600)
+    result = _unblocked(lambda: make(seal), counter)
+    assert isinstance(result, SealError), result
+    assert "counter file" in str(result) and "a FIFO" in str(result)
+
+
+def test_an_oversize_sparse_file_is_refused_unread(seal, tmp_path, monkeypatch):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal), path)
+    os.truncate(path, MAX_ENTRY_BYTES + 1)  # sparse: no disk, no memory
+    reads = []
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or
+                        real_read(fd, n))
+    loaded, verdict = seal.load(path, HASH_A)
+    assert loaded is None and verdict.checks == ("seal.io",)
+    assert f"holds {MAX_ENTRY_BYTES + 1} bytes" in verdict.summary()
+    assert reads == []
+    assert MAX_ENTRY_BYTES <= 64 << 20
+
+
+def test_a_file_that_grows_while_read_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "grows"
+    path.write_bytes(b"x" * 300)
+    real_fstat = os.fstat
+
+    def smaller(fd):  # the size when opened; the file grew since
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink,
+                               st.st_uid, st.st_gid, 50, st.st_atime,
+                               st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(os, "fstat", smaller)
+    with pytest.raises(OSError, match="grew past the limit of 100 bytes"):
+        seal_module._read_small(path, 100)
+    monkeypatch.setattr(os, "fstat", real_fstat)
+    assert seal_module._read_small(path, 300) == b"x" * 300
+
+
+# ---- the target: architecture, options, compiler ---------------------------------
+
+
+def test_a_genuine_entry_for_another_target_is_refused(seal, tmp_path):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal), path)  # sm_90, OPTIONS, nvrtc 12.4
+    same = make_target("sm_90", OPTIONS, "nvrtc 12.4")
+    assert seal.load(path, HASH_A, same)[1].accepted
+    for target, what in [
+        (make_target("sm_80", OPTIONS, "nvrtc 12.4"), "arch 'sm_90', asked 'sm_80'"),
+        (make_target("sm_90", OPTIONS[:1], "nvrtc 12.4"), "options"),
+        (make_target("sm_90", OPTIONS, "nvrtc 12.9"), "compiler"),
+    ]:
+        loaded, verdict = seal.load(path, HASH_A, target)
+        assert loaded is None and verdict.checks == ("seal.target",), what
+        assert what in verdict.summary()
+        assert seal.verify(make(seal), HASH_A, target).checks == ("seal.target",)
+    # a forged field is the MAC's to catch, not reported as a target mismatch
+    forged = dataclasses.replace(make(seal), arch="sm_80")
+    assert seal.verify(forged, HASH_A, same).checks == ("seal.mac",)
+
+
+def test_cache_key_binds_arch_options_and_compiler():
+    base = {"arch": "compute_80", "options": ("--std=c++17",), "compiler": "nvrtc 12.9"}
+    key = cache_key(HASH_A, "template", None, "v1", **base)
+    assert len(key) == 64
+    for field, value in [("arch", "compute_90"), ("options", ("--std=c++14",)),
+                         ("options", ()), ("compiler", "nvrtc 12.4")]:
+        assert cache_key(HASH_A, "template", None, "v1",
+                         **{**base, field: value}) != key, field
+    assert cache_key(HASH_A, "template", None, "v1",
+                     **{**base, "options": list(base["options"])}) == key
+    with pytest.raises(TypeError, match="arch"):
+        cache_key(HASH_A, "template", None, "v1")  # the old call binds nothing
+    with pytest.raises(TypeError, match="options must be a sequence of str"):
+        cache_key(HASH_A, "template", None, "v1", **{**base, "options": "-O3"})
+
+
+def _cache(tmp_path: Path) -> KernelCache:
+    return KernelCache(tmp_path / "kernels", tmp_path / "keys" / "seal.key")
+
+
+TARGET_80 = {"arch": "compute_80", "options": ("--gpu-architecture=compute_80",),
+             "compiler": "nvrtc 12.9"}
+
+
+def test_kernel_cache_serves_only_the_asked_target(tmp_path, caplog):
+    cache = _cache(tmp_path)
+    key = cache_key(HASH_A, "template", None, "v1", **TARGET_80)
+    cache.put(key, SOURCE, "// sm_90 ptx", ("--gpu-architecture=compute_90",),
+              "compute_90", "nvrtc 12.9")  # a put that does not match its key
+    with caplog.at_level(logging.WARNING, logger="lib.codegen"):
+        entry, verdict = cache.get(key, **TARGET_80)
+    assert entry is None and verdict.checks == ("seal.target",)
+    assert "evicted" in caplog.text and not cache.path(key).exists()
+    cache.put(key, SOURCE, "// sm_80 ptx", TARGET_80["options"], "compute_80",
+              "nvrtc 12.9")
+    entry, verdict = cache.get(key, **TARGET_80)
+    assert verdict.accepted and entry.binary == b"// sm_80 ptx"
+    assert cache.get(key)[1].accepted  # no target given: not compared
+    with pytest.raises(TypeError, match="all of arch, options and compiler"):
+        cache.get(key, arch="compute_80")
+
+
+# ---- an entry is bound to its cache folder ---------------------------------------
+
+
+def test_entry_copied_from_another_folder_under_the_same_key(seal, tmp_path):
+    mine, theirs = tmp_path / "one" / "a.sealed", tmp_path / "two" / "a.sealed"
+    seal.write(make(seal, binary=b"mine"), mine)
+    seal.write(make(seal, binary=b"theirs, newer"), theirs)
+    shutil.copyfile(theirs, mine)
+    loaded, verdict = seal.load(mine, HASH_A)
+    assert loaded is None and verdict.checks == ("seal.placement",)
+    assert "copied in from another cache folder" in verdict.summary()
+    assert seal.load(theirs, HASH_A)[1].accepted
+
+
+def test_the_same_entry_written_to_two_folders_loads_in_both(seal, tmp_path):
+    entry = make(seal)
+    for folder in ("one", "two"):
+        seal.write(entry, tmp_path / folder / "a.sealed")
+    for folder in ("one", "two"):
+        assert seal.load(tmp_path / folder / "a.sealed", HASH_A)[1].accepted
+
+
+def test_a_crash_between_mark_and_file_leaves_an_entry_that_is_refused(
+        seal, tmp_path, monkeypatch):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal, binary=b"old"), path)
+    real = seal_module.write_atomic
+
+    def crash_on_entry(target, data, **kw):
+        if Path(target) == path:
+            raise OSError("disk full")
+        return real(target, data, **kw)
+
+    monkeypatch.setattr(seal_module, "write_atomic", crash_on_entry)
+    with pytest.raises(OSError):
+        seal.write(make(seal, binary=b"new"), path)
+    assert seal.load(path, HASH_A)[1].checks == ("seal.rollback",)
+
+
+# ---- the counter is never issued twice -------------------------------------------
+
+
+def test_a_deleted_counter_file_does_not_make_writes_vanish(tmp_path, caplog):
+    key = tmp_path / "keys" / "seal.key"
+    seal = Seal(key)
+    path = tmp_path / "cache" / "a.sealed"
+    for n in range(3):
+        seal.write(make(seal, binary=bytes([n])), path)
+    (tmp_path / "keys" / "seal.key.counter").unlink()
+    with caplog.at_level(logging.WARNING, logger="lib.security"):
+        newer = make(Seal(key), binary=b"after the counter was lost")
+    assert newer.counter == 4
+    assert "seal.key.counter is missing" in caplog.text
+    assert "records counter 3; continuing from 4" in caplog.text
+    assert seal.write(newer, path) is True
+    assert seal.load(path, HASH_A)[0].binary == b"after the counter was lost"
+
+
+def test_an_old_counter_file_put_back_is_repaired(tmp_path, caplog):
+    key = tmp_path / "keys" / "seal.key"
+    seal = Seal(key)
+    counter = tmp_path / "keys" / "seal.key.counter"
+    seal.write(make(seal), tmp_path / "cache" / "a.sealed")
+    old = counter.read_bytes()
+    for _ in range(3):
+        seal.write(make(seal), tmp_path / "cache" / "b.sealed")
+    counter.write_bytes(old)  # genuine (MACed), but behind
+    with caplog.at_level(logging.WARNING, logger="lib.security"):
+        assert make(seal).counter == 5
+    assert "holds 1 but the high-water index" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lib.security"):
+        assert make(seal).counter == 6  # repaired: no warning again
+    assert caplog.text == ""
+
+
+# ---- folders writable by others, or not ours -------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o1777])
+def test_a_loose_key_folder_is_refused(tmp_path, mode):
+    key = tmp_path / "keys" / "seal.key"
+    Seal(key)
+    os.chmod(key.parent, mode)
+    with pytest.raises(SealError) as err:
+        Seal(key)
+    message = str(err.value)
+    assert message.startswith(f"key folder {key.parent} is writable by ")
+    assert f"mode {mode:04o}" in message
+    assert "\n" not in message
+
+
+def test_a_loose_cache_folder_is_refused(seal, tmp_path, caplog):
+    cache = _cache(tmp_path)
+    key = cache_key(HASH_A, "template", None, "v1", **TARGET_80)
+    cache.put(key, SOURCE, "ptx", TARGET_80["options"], "compute_80", "nvrtc 12.9")
+    os.chmod(cache.folder, 0o775)
+    loaded, verdict = cache.seal.load(cache.path(key), key)
+    assert loaded is None and verdict.checks == ("seal.folder",)
+    assert f"cache folder {cache.folder} is writable by group" in verdict.summary()
+    with caplog.at_level(logging.WARNING, logger="lib.codegen"):
+        assert cache.get(key)[1].checks == ("seal.folder",)
+    assert cache.path(key).exists()  # not the entry's fault: left in place
+    assert "left in place" in caplog.text
+    with pytest.raises(SealError, match=f"{cache.folder} is writable by group"):
+        cache.put(key, SOURCE, "ptx", TARGET_80["options"], "compute_80",
+                  "nvrtc 12.9")
+    with pytest.raises(SealError, match="writable by group"):
+        _cache(tmp_path)
+    os.chmod(cache.folder, 0o755)  # not writable by others: fine
+    assert cache.get(key)[1].accepted
+
+
+def test_a_folder_not_owned_by_this_user_is_refused(seal, tmp_path, monkeypatch):
+    path = tmp_path / "cache" / "a.sealed"
+    seal.write(make(seal), path)
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(path).st_uid + 1)
+    assert "not by this user" in folder_problem(path.parent)
+    assert seal.load(path, HASH_A)[1].checks == ("seal.folder",)
+
+
+def test_folders_the_seal_creates_are_0700_whatever_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        cache = _cache(tmp_path)
+        key = cache_key(HASH_A, "template", None, "v1", **TARGET_80)
+        cache.put(key, SOURCE, "ptx", TARGET_80["options"], "compute_80",
+                  "nvrtc 12.9")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "keys", tmp_path / "kernels"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert cache.get(key, **TARGET_80)[1].accepted

@@ -214,9 +214,13 @@ class CodeGenerator:
         if overrides:
             version += "." + ",".join(f"{k}={v}" for k, v in sorted(
                 overrides.items()))
-        key = cache_key(digest, name, model, version)
+        arch, options, compiler = (f"compute_{self.arch}", self.options,
+                                   self._compiler_name())
+        key = cache_key(digest, name, model, version, arch=arch, options=options,
+                        compiler=compiler)
         if self.use_cache:
-            hit, verdict = self.cache.get(key)
+            hit, verdict = self.cache.get(key, arch=arch, options=options,
+                                          compiler=compiler)
             if hit is not None:
                 return GeneratedKernel(
                     source=hit.source, kernel_name=entry, provider=name, model=model,
@@ -230,7 +234,6 @@ class CodeGenerator:
         else:
             source = self._ask(provider, task, decision)
         gate2a = scan_source(source, entry)
-        options = self.options
         gate_opts = check_compile_options(list(options))
         if not (gate2a.accepted and gate_opts.accepted):
             bad = gate2a if not gate2a.accepted else gate_opts
@@ -270,11 +273,9 @@ class CodeGenerator:
                 log.info("ptxas could not measure %s: %s", entry, exc)
         if provider is not None and resources:
             self._check_resources(provider, resources.get(entry, {}))
-        arch = f"compute_{self.arch}"
         verdicts = {"gate2a": gate2a, "gate2a.options": gate_opts}
         if self.use_cache:
-            sealed = self.cache.put(key, source, ptx, options, arch,
-                                    self._compiler_name())
+            sealed = self.cache.put(key, source, ptx, options, arch, compiler)
             verdicts["gate2b"] = self.cache.seal.verify(sealed, key)
         return GeneratedKernel(
             source=source, kernel_name=entry, provider=name, model=model,

@@ -9,21 +9,27 @@ before that call is setup, untimed.
 
 An operation takes the :class:`SealBench` and the case's folder first, then
 its arguments by name; its signature is what the case's ``args`` are checked
-against.
+against. The case's folder is made 0700 before the operation runs, as
+:class:`~lib.codegen.KernelCache` makes its folder (the seal refuses a cache
+folder others can write to, whatever the umask that created it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import os
 import random
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lib.security.seal import Seal, SealedEntry
+from lib.security.seal import MAX_ENTRY_BYTES, Seal, SealedEntry, make_target
 from lib.security.verdict import Verdict
 
 #: The config hash every entry is sealed for and asked for, and another one.
@@ -76,8 +82,13 @@ TAMPERS: dict[str, Tamper] = {}
 
 
 def _tamper(op: Tamper) -> Tamper:
-    """Register ``op`` under its own name."""
-    TAMPERS[op.__name__] = op
+    """Register ``op`` under its own name (run with its folder made 0700)."""
+    @functools.wraps(op)
+    def run(b: SealBench, folder: Path, **args: Any) -> GateCall:
+        os.chmod(folder, 0o700)
+        return op(b, folder, **args)
+
+    TAMPERS[op.__name__] = run
     return op
 
 
@@ -358,3 +369,82 @@ def load_through_symlink(b: SealBench, folder: Path) -> GateCall:
 def load_missing(b: SealBench, folder: Path) -> GateCall:
     """Load a file that is not there."""
     return b.load(folder / "absent.sealed")
+
+
+@_tamper
+def load_fifo(b: SealBench, folder: Path) -> GateCall:
+    """A FIFO where the entry file should be (opening it for reading would
+    wait for a writer forever)."""
+    path = folder / "entry.sealed"
+    os.mkfifo(path, 0o600)
+    return b.load(path)
+
+
+@_tamper
+def grow_sparse(b: SealBench, folder: Path) -> GateCall:
+    """Extend a genuine entry file, sparsely, to one byte over the size limit
+    (no disk used; reading it would fill memory with zeros)."""
+    path = b.written(folder)
+    os.truncate(path, MAX_ENTRY_BYTES + 1)
+    return b.load(path)
+
+
+@_tamper
+def load_for_target(b: SealBench, folder: Path, arch: str | None = None,
+                    compiler: str | None = None,
+                    extra_option: str | None = None) -> GateCall:
+    """Load a genuine entry (sm_90, SEAL_OPTIONS, nvrtc 12.4) asking for a
+    target with ``arch``, ``compiler`` or one more option instead; with no
+    arguments, asking for exactly what was sealed."""
+    path = b.written(folder)
+    options = SEAL_OPTIONS + ((extra_option,) if extra_option else ())
+    target = make_target(arch or "sm_90", options, compiler or "nvrtc 12.4")
+    return lambda: b.seal.load(path, HASH_A, target)[1]
+
+
+@_tamper
+def copy_from_other_folder(b: SealBench, folder: Path) -> GateCall:
+    """Two cache folders under the same key, each with its entry for config A;
+    the newer one's file copied over the older one's."""
+    mine, theirs = folder / "one" / "entry.sealed", folder / "two" / "entry.sealed"
+    b.seal.write(b.entry(binary=b"built for folder one"), mine)
+    b.seal.write(b.entry(binary=b"built for folder two"), theirs)
+    shutil.copyfile(theirs, mine)
+    return b.load(mine)
+
+
+@_tamper
+def loosen_folder(b: SealBench, folder: Path, mode: str) -> GateCall:
+    """A genuine entry file whose cache folder is then given ``mode`` (octal
+    text, e.g. ``"0775"``)."""
+    path = b.written(folder)
+    os.chmod(folder, int(mode, 8))
+    return b.load(path)
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """``logger`` silenced for a setup that warns on purpose."""
+    log = logging.getLogger(logger)
+    was, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
+@_tamper
+def rollback_counter_deleted(b: SealBench, folder: Path) -> GateCall:
+    """Under a key of the case's own: write an old entry, delete the counter
+    file next to the key, write a new entry, put the old bytes back. (A
+    counter that restarted at 1 would make the new entry look older than the
+    old one, so it would never be written and the old one would stand.)"""
+    seal = Seal(folder / "keys" / "seal.key")
+    path = folder / "cache" / "entry.sealed"
+    seal.write(b.entry(by=seal, binary=b"old, vulnerable build"), path)
+    old = path.read_bytes()
+    (folder / "keys" / "seal.key.counter").unlink()
+    with _quiet("lib.security"):  # the seal warns of the repair
+        seal.write(b.entry(by=seal, binary=b"new, fixed build"), path)
+    path.write_bytes(old)
+    return lambda: seal.load(path, HASH_A)[1]

@@ -17,7 +17,8 @@ form.float_as_int          a float where an integer is due
 form.nonfinite             NaN or infinity
 form.size                  lists or numbers outside the contract's bounds
 contract.length            as many shares as gpus
-contract.negative_share    shares are non-negative
+contract.negative_share    shares are non-negative (-0.0 too: its sign bit is
+                           set, and it would hash apart from 0 and 0.0)
 contract.share_sum         shares sum to 1 within 1e-9 (math.fsum)
 contract.duplicate_device  a device listed twice
 contract.mode              mode one of single, split, pipelined
@@ -31,11 +32,28 @@ feasibility.memory         a shard (inputs, outputs) exceeds free memory
 feasibility.block          block not a multiple of 32 in [32, 1024], or over
                            the device's limit
 feasibility.chunk          chunk outside [1, size of the divisible dimension]
+feasibility.chunk_count    pipelined: a shard cut into more than
+                           MAX_CHUNKS_PER_SHARD (4096) chunks, or more than
+                           MAX_PIPELINE_LAUNCHES (16384) chunks over all shards
 feasibility.p2p            p2p between devices without a peer link
 feasibility.nccl           nccl with fewer than two devices or without NCCL
 integrity.missing_hash     no config_hash
 integrity.hash_mismatch    config_hash differs from the recomputed one
 =========================  ==================================================
+
+The chunk-count bound caps the work one decision can create: in ``pipelined``
+mode each shard of ``r`` rows runs as ``ceil(r / chunk)`` chunks, each a copy
+in, a launch and a copy out, so ``chunk=1`` on 2**31 - 1 rows would ask for two
+billion launches. The bound is far above what any policy asks for: the optimum
+and the learned policy cut the largest shard into ``max(PIPELINE_CHUNKS)`` (64)
+chunks at most (one more where their row count and Gate 1's differ by a
+row), about 64 x 64 = 4096 in all on the contract's largest machine
+(``MAX_DEVICES``); ``tests/test_gate1.py`` holds the bound to that. In
+``single`` and ``split`` mode a shard is one launch whatever ``chunk`` says, so
+the bound does not apply.
+
+Numbers are checked by value: a share written ``1`` is the share ``1.0``, and
+hashes the same (see :mod:`lib.contract`).
 """
 
 from __future__ import annotations
@@ -58,6 +76,7 @@ from lib.contract import (
     TaskSpec,
     config_hash,
     loads_strict,
+    shown,
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
@@ -67,6 +86,10 @@ from lib.security.verdict import Verdict, Violation
 #: Fraction of free memory a shard may not use (allocator slack, fragmentation).
 MEMORY_MARGIN = 0.10
 SHARE_SUM_TOL = 1e-9
+#: Pipelined mode: most chunks one shard may be cut into.
+MAX_CHUNKS_PER_SHARD = 4096
+#: Pipelined mode: most chunks (each one launch) over all shards of a decision.
+MAX_PIPELINE_LAUNCHES = 16384
 
 
 def _int_problem(value: Any) -> tuple[str, str] | None:
@@ -86,6 +109,12 @@ def _number_problem(value: Any) -> tuple[str, str] | None:
         return "form.type", f"expected a number, got {type(value).__name__}"
     if isinstance(value, float) and not math.isfinite(value):
         return "form.nonfinite", f"must be finite, got {value!r}"
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:
+            return "form.nonfinite", (f"must be finite, got {shown(value)} "
+                                      "(beyond the range of a double)")
     return None
 
 
@@ -144,7 +173,8 @@ def _check_form(f: dict[str, Any], out: list[Violation]) -> bool:
             elif name == "gpus" and not 0 <= item < MAX_DEVICES:
                 out.append(Violation(
                     "form.size",
-                    f"gpus[{i}]: must be in [0, {MAX_DEVICES - 1}], got {item}"))
+                    f"gpus[{i}]: must be in [0, {MAX_DEVICES - 1}], got "
+                    f"{shown(item)}"))
                 ok = False
     for name, high in (("chunk", MAX_CHUNK), ("block", MAX_BLOCK)):
         if name not in f:
@@ -156,7 +186,7 @@ def _check_form(f: dict[str, Any], out: list[Violation]) -> bool:
             ok = False
         elif not 1 <= f[name] <= high:
             out.append(Violation("form.size", f"{name}: must be in [1, {high}], "
-                                              f"got {f[name]}"))
+                                              f"got {shown(f[name])}"))
             ok = False
     for name, choices, check in (("mode", MODES, "contract.mode"),
                                  ("comm_path", COMM_PATHS, "contract.comm_path")):
@@ -186,9 +216,10 @@ def _check_contract(f: dict[str, Any], out: list[Violation]) -> bool:
                                                 f"{len(shares)} shares"))
         ok = False
     for i, s in enumerate(shares):
-        if s < 0:
+        if s < 0 or math.copysign(1.0, s) < 0:
+            why = "" if s < 0 else " (negative zero hashes apart from 0 and 0.0)"
             out.append(Violation("contract.negative_share",
-                                 f"shares[{i}]: must be >= 0, got {s}"))
+                                 f"shares[{i}]: must be >= 0, got {s}{why}"))
             ok = False
     total = math.fsum(shares)
     if abs(total - 1.0) > SHARE_SUM_TOL:
@@ -236,6 +267,8 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
         out.append(Violation("feasibility.chunk", f"chunk {f['chunk']} must be in "
                                                   f"[1, {task.split_size}] "
                                                   f"({task.split_name})"))
+    if f["mode"] == "pipelined":
+        _check_chunk_count(f, task, out)
     if not present:
         return
     if f["comm_path"] == "p2p":
@@ -274,6 +307,33 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
                 f"device {dev.label} cannot hold shard {pos}: needs "
                 f"{need / 1e9:.2f} GB, has {free / 1e9:.2f} GB free "
                 f"({MEMORY_MARGIN:.0%} margin)"))
+
+
+def _check_chunk_count(f: dict[str, Any], task: TaskSpec,
+                       out: list[Violation]) -> None:
+    """Pipelined mode: chunks per shard and in all within the bounds."""
+    gpus, shares, chunk = f["gpus"], f["shares"], f["chunk"]
+    n = task.split_size
+    whole = -(-n // chunk)  # chunks of the whole dimension
+    # No shard has more chunks than the whole, and all shards together have
+    # fewer than whole + one per shard: most decisions stop here.
+    if whole <= MAX_CHUNKS_PER_SHARD and whole + len(gpus) <= MAX_PIPELINE_LAUNCHES:
+        return
+    if len(gpus) != len(shares) or any(s < 0 for s in shares) \
+            or math.fsum(shares) <= 0:
+        return  # no split to count (the contract checks name why)
+    counts = [-(-(hi - lo) // chunk) for lo, hi in split_rows(n, shares)]
+    worst = max(range(len(counts)), key=counts.__getitem__)
+    if counts[worst] > MAX_CHUNKS_PER_SHARD:
+        out.append(Violation(
+            "feasibility.chunk_count",
+            f"chunk {chunk} cuts shard {worst} into {counts[worst]} pipelined "
+            f"chunks; at most {MAX_CHUNKS_PER_SHARD} per shard"))
+    elif sum(counts) > MAX_PIPELINE_LAUNCHES:
+        out.append(Violation(
+            "feasibility.chunk_count",
+            f"chunk {chunk} makes {sum(counts)} pipelined chunk launches over "
+            f"{len(counts)} shards; at most {MAX_PIPELINE_LAUNCHES} in all"))
 
 
 def _check_integrity(f: dict[str, Any], task: TaskSpec, out: list[Violation],

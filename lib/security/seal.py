@@ -17,11 +17,40 @@ incremented under a file lock, so it is unique across processes. The
 high-water index is kept next to the key as well (``<key>.index``, mode 0600,
 MACed, replaced atomically under the key's lock): for each cache folder (its
 absolute path as written, symlinks not resolved, so a subfolder swapped for a
-link elsewhere keeps its marks) and each config hash, the newest counter
-written there by :meth:`Seal.write`. :meth:`Seal.load` refuses as a rollback
-an otherwise genuine entry whose counter is below that mark, or that has no
-mark at all (never written to that folder under this key: copied in from
-elsewhere). Deleting or restoring files in the cache folder changes neither.
+link elsewhere keeps its marks) and each config hash, the counter of the entry
+:meth:`Seal.write` last wrote there (the newest: an older one is never written
+over a newer one).
+
+An entry is bound to the folder it was written to: the index (MACed under the
+key) binds folder, config hash and counter, the entry's MAC binds config hash,
+counter and content, and a counter is never issued twice. So
+:meth:`Seal.load` accepts a genuine entry only when its counter *equals* its
+folder's mark for its config hash: below the mark it is a rollback, with no
+mark it was never written to that folder, above the mark it was written to
+another cache folder under the same key and copied in (``seal.placement``).
+Deleting or restoring files in the cache folder changes none of this.
+:meth:`Seal.write` raises the mark before it replaces the file, so a crash
+between the two leaves an entry that is refused and regenerated, never a
+counter in a cache folder above every mark.
+
+A counter is never issued twice, even when the counter file is deleted or an
+old copy of it is put back: the next counter is one past both the counter
+file and the highest mark in the index, and a counter file that is missing
+while the index holds marks, or that is behind them, is repaired with a
+warning on the ``lib.security`` logger (it never makes later writes vanish
+as "older" than what is already there).
+
+Folders: the key folder (checked when a :class:`Seal` is made) and every cache
+folder (checked on each :meth:`Seal.write` and :meth:`Seal.load`) must be owned
+by this user and writable by nobody else (no group or other write bit);
+otherwise anyone could swap files in them. Folders the seal creates get mode
+0700.
+
+Entry files are opened without following a final symlink and without
+blocking (a FIFO is refused, never waited on); anything but a regular file is
+refused, and so is a file whose size (``st_size``, the apparent size, so a
+sparse file counts in full) exceeds :data:`MAX_ENTRY_BYTES`, before a byte of
+it is read.
 
 :meth:`Seal.verify` and :meth:`Seal.load` never raise on bad input; they
 return a :class:`~lib.security.verdict.Verdict` (gate ``"gate2b"``):
@@ -29,7 +58,11 @@ return a :class:`~lib.security.verdict.Verdict` (gate ``"gate2b"``):
 ==================  ===========================================================
 check id            what it refuses
 ==================  ===========================================================
-seal.io             a file that cannot be read (missing, a folder, a symlink)
+seal.io             a file that cannot be read (missing, a folder, a symlink,
+                    a FIFO, socket or device) or is larger than
+                    MAX_ENTRY_BYTES (sparse or not), refused unread
+seal.folder         a cache folder that is group- or other-writable or not
+                    owned by this user (its files cannot be trusted)
 seal.format         not a sealed entry: bad header, JSON or field types, an
                     unknown format version, a non-canonical encoding
 seal.truncated      a file shorter than its header declares (or empty)
@@ -40,12 +73,19 @@ seal.key_mismatch   a genuine entry for another config hash than the one asked
                     for (an entry swapped between cache keys)
 seal.rollback       a counter below the high-water mark for that config hash
                     in that folder, or an entry never written to that folder
+seal.placement      a genuine entry newer than the one last written to that
+                    folder for its config hash: written to another cache
+                    folder under the same key and copied in
+seal.target         a genuine entry compiled for another architecture, with
+                    other options or by another compiler than the caller asked
+                    for (the ``target`` of :meth:`Seal.load`)
 seal.index          a high-water index (next to the key) that is unreadable or
                     wrongly MACed
 ==================  ===========================================================
 
-Key-file problems (wrong mode, owner, size, a symlink) raise :class:`SealError`
-naming the path: without a trustworthy key nothing can be verified.
+Key-file problems (wrong mode, owner, size, a symlink, a loose key folder)
+raise :class:`SealError` naming the path: without a trustworthy key nothing can
+be verified.
 
 File layout: one ASCII header line ``GPUHIVE-SEAL <format> <body bytes>``,
 then the body, canonical JSON (sorted keys, no blanks, ASCII) with the binary
@@ -67,6 +107,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -76,9 +117,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from lib.security.verdict import Verdict, Violation
 from lib.storage import fsync_dir, write_atomic
+
+log = logging.getLogger("lib.security")
 
 GATE = "gate2b"
 FORMAT_VERSION = 1
@@ -86,8 +130,11 @@ KEY_BYTES = 32
 MAGIC = b"GPUHIVE-SEAL"
 #: Suffix of the high-water index next to the key: ``<key>.index``.
 INDEX_SUFFIX = ".index"
-#: Entry files larger than this (bytes) are refused unread.
-MAX_ENTRY_BYTES = 1 << 30
+#: Entry files larger than this (bytes, apparent size) are refused unread. A
+#: kernel's PTX is kilobytes to a few megabytes; base64 adds a third.
+MAX_ENTRY_BYTES = 64 << 20
+#: Permission bits a trusted folder may not have.
+LOOSE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 _HEADER_RE = re.compile(rb"GPUHIVE-SEAL ([0-9]{1,3}) ([0-9]{1,12})")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
@@ -96,7 +143,83 @@ _FIELDS = ("arch", "binary", "compiler", "config_hash", "counter",
 
 
 class SealError(Exception):
-    """The key file (or the counter or index next to it) cannot be trusted."""
+    """The key file (or the counter or index next to it, or a folder) cannot be
+    trusted."""
+
+
+class Target(NamedTuple):
+    """What a caller asks a cached kernel to have been compiled for.
+
+    Attributes:
+        arch: the target architecture, as sealed (e.g. ``"compute_90"``).
+        options: the compile options, in order.
+        compiler: the compiler and its version (e.g. ``"nvrtc 12.4"``).
+    """
+
+    arch: str
+    options: tuple[str, ...]
+    compiler: str
+
+
+def make_target(arch: str, options: Sequence[str], compiler: str) -> Target:
+    """A :class:`Target`, its fields checked.
+
+    Raises:
+        TypeError: a field of the wrong type, named.
+    """
+    for name, value in (("arch", arch), ("compiler", compiler)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be str, got {type(value).__name__}")
+    if isinstance(options, (str, bytes)) or not all(
+            isinstance(o, str) for o in options):
+        raise TypeError("options must be a sequence of str")
+    return Target(arch, tuple(options), compiler)
+
+
+def folder_problem(folder: Path | str, what: str = "cache folder") -> str | None:
+    """Why ``folder`` cannot be trusted (one line naming ``what`` and its
+    path), or ``None``.
+
+    Trusted: owned by this user, no group or other write bit. A folder that
+    does not exist is no problem here (whoever creates it makes it 0700).
+    """
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{what} {folder} cannot be examined: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None  # reading it as a folder fails and says so
+    if st.st_uid != os.getuid():
+        return (f"{what} {folder} is owned by uid {st.st_uid}, not by this user "
+                f"(uid {os.getuid()}); refusing it")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & LOOSE_BITS:
+        who = " and ".join(w for w, bit in (("group", stat.S_IWGRP),
+                                            ("others", stat.S_IWOTH)) if mode & bit)
+        return (f"{what} {folder} is writable by {who} (mode {mode:04o}); "
+                "refusing it (chmod go-w)")
+    return None
+
+
+def check_folder(folder: Path | str, what: str = "cache folder") -> None:
+    """Raise :class:`SealError` if :func:`folder_problem` finds one."""
+    problem = folder_problem(folder, what)
+    if problem:
+        raise SealError(problem)
+
+
+def make_folder(folder: Path, what: str = "cache folder") -> None:
+    """Create ``folder`` (mode 0700, whatever the umask) if missing, then
+    check it (:func:`check_folder`)."""
+    if not os.path.isdir(folder):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.chmod(folder, 0o700)  # umask may have taken bits; never adds any
+        except OSError:
+            pass
+    check_folder(folder, what)
 
 
 @dataclass(frozen=True)
@@ -145,6 +268,21 @@ def _mac_message(e: SealedEntry) -> bytes:
         str(e.format_version).encode(),
         str(e.counter).encode(),
     ])
+
+
+def _target_problems(e: SealedEntry, target: Target) -> list[Violation]:
+    """How a genuine entry differs from what was asked for, one violation."""
+    asked = make_target(*target)
+    diffs = [f"{name} {have!r:.80}, asked {want!r:.80}"
+             for name, have, want in (("arch", e.arch, asked.arch),
+                                      ("options", e.options, asked.options),
+                                      ("compiler", e.compiler, asked.compiler))
+             if have != want]
+    if not diffs:
+        return []
+    return [Violation("seal.target", "entry for config hash "
+                      f"{e.config_hash[:64]!r} was compiled with "
+                      + "; ".join(diffs))]
 
 
 def _canonical_json(obj: object) -> bytes:
@@ -283,29 +421,66 @@ def _parse(data: bytes) -> tuple[SealedEntry | None, list[Violation]]:
     return entry, found
 
 
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def _locked(path: Path, shared: bool = False) -> Iterator[None]:
+    """Hold a ``flock`` on ``path`` (created if missing): exclusive for a
+    writer, shared for a reader. A reader that cannot open the lock file (a
+    read-only key folder) goes on unlocked: no writer can hold it either."""
+    flags = (os.O_RDONLY if shared else os.O_RDWR) | os.O_CREAT | os.O_NOFOLLOW \
+        | os.O_CLOEXEC
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        if not shared:
+            raise
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            os.close(fd)  # releases the lock
+
+
+class NotRegularError(OSError):
+    """A path that is not a regular file, or one too large to read."""
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
 
 
 def _read_small(path: Path, limit: int) -> bytes:
-    """Read a regular file without following a final symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """Read a regular file of at most ``limit`` bytes.
+
+    Opened without following a final symlink and without blocking (a FIFO
+    opens at once and is refused); the kind and the size are read from the
+    open descriptor, so what is checked is what is read, and nothing is read
+    from a file that is not regular or whose apparent size is over ``limit``.
+    A file that grows while it is read is refused too.
+    """
+    fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
+            kind = next((name for test, name in _KINDS if test(st.st_mode)),
+                        "not a regular file")
+            raise NotRegularError(f"{kind}, not a regular file")
         if st.st_size > limit:
-            raise OSError(f"{path} holds {st.st_size} bytes, limit {limit}")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+            raise NotRegularError(f"holds {st.st_size} bytes, over the limit of "
+                                  f"{limit}; refused unread")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
             chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise NotRegularError(f"grew past the limit of {limit} bytes while "
+                                  "being read")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -333,7 +508,7 @@ class Seal:
     def _load_or_create_key(self) -> bytes:
         path = self.key_path
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_folder(path.parent, "key folder")
         except OSError as exc:
             raise SealError(f"cannot create key folder {path.parent}: {exc}") from exc
         try:
@@ -367,7 +542,7 @@ class Seal:
     def _read_key(self) -> bytes:
         path = self.key_path
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -401,12 +576,13 @@ class Seal:
         return self._hmac(b"gpuhive.seal.key-id", b"")[:16]
 
     # ---- the counter ---------------------------------------------------------
-    def _read_counter(self) -> int:
+    def _read_counter(self) -> int | None:
+        """The counter file's value; ``None`` when there is no counter file."""
         path = self._counter_path
         try:
             data = _read_small(path, 4096)
         except FileNotFoundError:
-            return 0
+            return None
         except OSError as exc:
             raise SealError(f"cannot read counter file {path}: {exc}") from exc
         try:
@@ -423,8 +599,24 @@ class Seal:
         return n
 
     def _next_counter(self) -> int:
+        """One past both the counter file and every mark in the index.
+
+        A counter file that is missing while the index holds marks, or that is
+        behind them (an old copy put back), would reissue counters already
+        written: later writes would then be refused as older than what is
+        there, silently. It is repaired, with a warning.
+        """
         with _locked(self._lock_path):
-            n = self._read_counter() + 1
+            stored = self._read_counter()
+            marks = self._read_index()
+            top = max((v for row in marks.values() for v in row.values()),
+                      default=0)
+            if top > (stored or 0):
+                what = "is missing" if stored is None else f"holds {stored}"
+                log.warning("counter file %s %s but the high-water index %s "
+                            "records counter %d; continuing from %d",
+                            self._counter_path, what, self.index_path, top, top + 1)
+            n = max(stored or 0, top) + 1
             mac = self._hmac(b"gpuhive.seal.counter", str(n).encode())
             write_atomic(self._counter_path,
                           _canonical_json({"counter": n, "mac": mac}))
@@ -517,7 +709,11 @@ class Seal:
         check = self.verify(entry, getattr(entry, "config_hash", ""))
         if not check.accepted:
             raise SealError(f"refusing to write {path}: {check.summary()}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            make_folder(path.parent)
+        except OSError as exc:
+            raise SealError(f"cannot create cache folder {path.parent}: {exc}"
+                            ) from exc
         data = _encode(entry)
         folder = self._folder_key(path)
         with _locked(self._lock_path):
@@ -526,15 +722,40 @@ class Seal:
             high = row.get(entry.config_hash, 0)
             if entry.counter < high:
                 return False
-            write_atomic(path, data)
             if entry.counter > high:
+                # the mark first: a crash before the file is replaced leaves
+                # an entry below its mark (refused, regenerated), never a
+                # counter in a cache folder that no mark covers
                 row[entry.config_hash] = entry.counter
                 write_atomic(self.index_path, _canonical_json(
                     {"high_water": marks, "mac": self._index_mac(marks)}))
+            write_atomic(path, data)
         return True
 
     # ---- verifying ---------------------------------------------------------------
-    def _check(self, entry: object, expected: object) -> list[Violation]:
+    def _load_locked(self, path: Path, expected: str, target: Target | None,
+                     ) -> tuple[SealedEntry | None, list[Violation]]:
+        try:
+            data = _read_small(path, MAX_ENTRY_BYTES)
+        except OSError as exc:
+            why = str(exc) if isinstance(exc, NotRegularError) else \
+                f"{type(exc).__name__}: {exc.strerror or exc}"
+            return None, [Violation("seal.io", f"cannot read {path}: {why:.120}")]
+        entry, found = _parse(data)
+        if entry is not None:
+            found.extend(self._check(entry, expected, target))
+        if entry is not None and not found:
+            # Only a genuine entry's counter means anything.
+            try:
+                marks = self._read_index()
+            except SealError as exc:
+                found.append(Violation("seal.index", str(exc)))
+            else:
+                found.extend(self._freshness(entry, self._folder_key(path), marks))
+        return entry, found
+
+    def _check(self, entry: object, expected: object,
+               target: Target | None = None) -> list[Violation]:
         if not isinstance(entry, SealedEntry):
             return [Violation("seal.format", f"expected a SealedEntry, got "
                               f"{type(entry).__name__}")]
@@ -568,12 +789,15 @@ class Seal:
             found.append(Violation("seal.key_mismatch", f"entry is for config hash "
                                    f"{entry.config_hash[:64]!r}, expected "
                                    f"{str(expected)[:64]!r}"))
+        if target is not None and not found:  # a genuine entry's fields only
+            found.extend(_target_problems(entry, target))
         return found
 
     @staticmethod
     def _freshness(entry: SealedEntry, folder: str,
                    marks: dict[str, dict[str, int]]) -> list[Violation]:
-        """Rollback check of a genuine entry against the high-water index."""
+        """Rollback and placement check of a genuine entry against the
+        high-water index: its counter must be its folder's mark."""
         high = marks.get(folder, {}).get(entry.config_hash)
         if high is None:
             return [Violation("seal.rollback", f"no entry for config hash "
@@ -583,30 +807,43 @@ class Seal:
             return [Violation("seal.rollback", f"counter {entry.counter} is below "
                               f"the newest {high} written to {folder[:200]} for "
                               f"config hash {entry.config_hash[:64]!r}")]
+        if entry.counter > high:
+            return [Violation("seal.placement", f"counter {entry.counter} was never "
+                              f"written to {folder[:200]} (the entry last "
+                              f"written there for config hash "
+                              f"{entry.config_hash[:64]!r} has counter {high}): "
+                              "copied in from another cache folder")]
         return []
 
-    def verify(self, entry: SealedEntry, expected_config_hash: str) -> Verdict:
+    def verify(self, entry: SealedEntry, expected_config_hash: str,
+               target: Target | None = None) -> Verdict:
         """Gate 2b on an entry in memory; never raises.
 
-        Checks the format, the MAC (over every field) and that the entry is
-        for ``expected_config_hash``. Rollback needs the entry's folder and is
-        checked by :meth:`load`.
+        Checks the format, the MAC (over every field), that the entry is for
+        ``expected_config_hash`` and, when ``target`` is given, that a genuine
+        entry was compiled for exactly that architecture, options and compiler
+        (``seal.target``). Rollback needs the entry's folder and is checked by
+        :meth:`load`.
         """
         start = time.perf_counter()
         try:
-            found = self._check(entry, expected_config_hash)
+            found = self._check(entry, expected_config_hash, target)
         except Exception as exc:  # fail closed
             found = [Violation("seal.format", f"cannot verify: {exc!s:.80}")]
         return Verdict(GATE, tuple(found), time.perf_counter() - start)
 
     def load(
-        self, path: Path | str, expected_config_hash: str
+        self, path: Path | str, expected_config_hash: str,
+        target: Target | None = None,
     ) -> tuple[SealedEntry | None, Verdict]:
         """Gate 2b on a file; never raises.
 
-        On top of :meth:`verify`, an otherwise genuine entry is checked
-        against the high-water index next to the key (``seal.rollback``); an
-        unreadable index is ``seal.index``.
+        A folder that others can write to is refused unread
+        (``seal.folder``). On top of :meth:`verify`, an otherwise genuine
+        entry is checked against the high-water index next to the key
+        (``seal.rollback``, ``seal.placement``); an unreadable index is
+        ``seal.index``. The file and the index are read under the key's lock
+        (shared), so a concurrent :meth:`write` is seen whole or not at all.
 
         Returns:
             ``(entry, verdict)``; ``entry`` is ``None`` unless the verdict is
@@ -617,25 +854,13 @@ class Seal:
         entry: SealedEntry | None = None
         try:
             path = Path(path)
-            try:
-                data = _read_small(path, MAX_ENTRY_BYTES)
-            except OSError as exc:
-                found.append(Violation("seal.io", f"cannot read {path}: "
-                                       f"{type(exc).__name__}: {exc!s:.80}"))
-                data = None
-            if data is not None:
-                entry, found = _parse(data)
-            if entry is not None:
-                found.extend(self._check(entry, expected_config_hash))
-            if entry is not None and not found:
-                # Only a genuine entry's counter means anything.
-                try:
-                    marks = self._read_index()
-                except SealError as exc:
-                    found.append(Violation("seal.index", str(exc)))
-                else:
-                    found.extend(self._freshness(entry, self._folder_key(path),
-                                                 marks))
+            problem = folder_problem(path.parent)
+            if problem:
+                found.append(Violation("seal.folder", problem))
+            else:
+                with _locked(self._lock_path, shared=True):
+                    entry, found = self._load_locked(path, expected_config_hash,
+                                                     target)
         except Exception as exc:  # fail closed
             found.append(Violation("seal.format", f"cannot load: {exc!s:.80}"))
         verdict = Verdict(GATE, tuple(found), time.perf_counter() - start)
