@@ -25,6 +25,7 @@ from lib.cli.common import (
 )
 from lib.codegen import PROVIDERS, CodeGenerator, CodegenError, GeneratedKernel
 from lib.codegen.llm import Provider
+from lib.codegen.plane import CHECKS
 from lib.contract import TaskSpec
 from lib.platform.machines import load_machine
 from lib.policies.baselines import ProportionalToPeak
@@ -33,21 +34,6 @@ from lib.security import check_decision
 HELP = "CUDA source specialised to the decision for a task, through Gate 2"
 #: The provider ``--provider`` names by default: the shipped templates, offline.
 DEFAULT_PROVIDER = "template"
-#: The check a rejection reason of the plane names, by the reason's start
-#: (:mod:`lib.codegen.plane` writes "Gate 2a: ...", "NVRTC: ...", "spot check
-#: ...", and :func:`lib.codegen.llm.extract_code` the answer's form).
-REFUSING_CHECKS = (("Gate 2a", "Gate 2a"), ("NVRTC", "NVRTC"),
-                   ("spot check", "the spot check"),
-                   ("the answer", "the code-block extraction"),
-                   ("the code block", "the code-block extraction"))
-
-
-def refusing_check(reason: str) -> str:
-    """The check that refused an answer, read from the plane's reason."""
-    return next((check for start, check in REFUSING_CHECKS
-                 if reason.startswith(start)), "the provider")
-
-
 def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DTYPE,
                      machine_name: str = DEFAULT_MACHINE,
                      provider: str | Provider = DEFAULT_PROVIDER,
@@ -151,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(kernel.source if kernel.source.endswith("\n")
                          else kernel.source + "\n")
         return 0
-    refused = [{"provider": name, "check": refusing_check(why), "reason": why}
-               for name, why in zip(kernel.fell_back_from, kernel.reasons,
-                                   strict=True)]
+    refused = [{"provider": name, "check": CHECKS[check], "reason": why}
+               for name, why, check in zip(kernel.fell_back_from, kernel.reasons,
+                                          kernel.refused_by, strict=True)]
     who = (f"recorded answer {answer_id!r}" if answer_id is not None
            else f"{args.provider} answer")
     if kernel.provider != "template":

@@ -71,6 +71,7 @@ class GeneratedKernel:
         cache_key: the 64-hex key the entry is stored and sealed under.
         fell_back_from: providers whose answers were rejected, in order.
         reasons: why each was rejected (one line each).
+        refused_by: the check that rejected each, one of :data:`CHECKS`.
         seconds: wall time of the request.
     """
 
@@ -89,6 +90,7 @@ class GeneratedKernel:
     cache_key: str = ""
     fell_back_from: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
+    refused_by: tuple[str, ...] = ()
     seconds: float = 0.0
 
     @property
@@ -127,8 +129,26 @@ class GeneratedKernel:
 MAX_STACK_BYTES = 4096
 
 
+#: What can refuse an untrusted answer, in the order the plane applies them,
+#: with the name a person reads.
+CHECKS: dict[str, str] = {
+    "provider": "the provider (no answer, or no code block in it)",
+    "gate2a": "Gate 2a",
+    "sandbox": "the sandbox",
+    "gate2a.compiled": "Gate 2a on the text the compilers see",
+    "nvrtc": "NVRTC",
+    "spot": "the spot check",
+    "resources": "the resource limits",
+}
+
+
 class Rejected(Exception):
-    """One candidate source failed a check; the message is the reason."""
+    """One candidate source failed a check; the message is the reason and
+    ``check`` which check it was (a key of :data:`CHECKS`)."""
+
+    def __init__(self, reason: str, check: str = "provider"):
+        super().__init__(reason)
+        self.check = check
 
 
 @dataclass
@@ -179,7 +199,7 @@ class CodeGenerator:
         """
         start = time.perf_counter()
         digest = config_hash(task, decision)
-        fell, reasons = [], []
+        fell, reasons, checks = [], [], []
         if provider != "template":
             try:
                 source = provider if not isinstance(provider, str) else \
@@ -190,10 +210,12 @@ class CodeGenerator:
                 name = provider if isinstance(provider, str) else provider.name
                 fell.append(name)
                 reasons.append(str(why))
+                checks.append(why.check)
                 log.warning("rejected %s kernel for %s: %s; the template takes "
                             "over", name, task.describe(), why)
         kernel = self._serve(task, decision, digest, None, overrides, start)
         return _replace(kernel, fell_back_from=tuple(fell), reasons=tuple(reasons),
+                        refused_by=tuple(checks),
                         seconds=time.perf_counter() - start)
 
     # ---- one provider ----------------------------------------------------------
@@ -237,7 +259,7 @@ class CodeGenerator:
         gate_opts = check_compile_options(list(options))
         if not (gate2a.accepted and gate_opts.accepted):
             bad = gate2a if not gate2a.accepted else gate_opts
-            self._reject(provider, f"Gate 2a: {bad.summary()}")
+            self._reject(provider, f"Gate 2a: {bad.summary()}", "gate2a")
         if provider is not None:
             source, gate2a = self._canonical(provider, source, entry)
         try:
@@ -249,9 +271,9 @@ class CodeGenerator:
                     source, f"{entry}.cu", self.arch, options[2:],
                     include_dir=nvrtc.default_include_dir())
         except nvrtc.CompileError as exc:
-            self._reject(provider, "NVRTC: " + _first_error(str(exc)))
+            self._reject(provider, "NVRTC: " + _first_error(str(exc)), "nvrtc")
         except isolation.IsolationError as exc:
-            self._reject(provider, f"sandbox: {exc}")
+            self._reject(provider, f"sandbox: {exc}", "sandbox")
         if provider is not None:
             tile = tunables(task, decision).get("MATMUL_TILE", 16)
             try:
@@ -260,11 +282,11 @@ class CodeGenerator:
                                             sandboxed=True, ptx=ptx)
             except EmulationError as exc:
                 self._reject(provider, "spot check did not run: "
-                             + _first_error(str(exc)))
+                             + _first_error(str(exc)), "spot")
             if not spot.passed:
                 self._reject(provider, f"spot check failed on {spot.task}: max "
                              f"|error| {spot.max_abs_error:.3g} above tolerance "
-                             f"({spot.runner})")
+                             f"({spot.runner})", "spot")
         resources = None
         if self.measure_resources or provider is not None:
             try:
@@ -291,11 +313,11 @@ class CodeGenerator:
         try:
             text = isolation.canonicalise(source, self.arch)
         except isolation.IsolationError as exc:
-            self._reject(provider, f"sandbox: {exc}")
+            self._reject(provider, f"sandbox: {exc}", "sandbox")
         verdict = scan_source(text, entry)
         if not verdict.accepted:
             self._reject(provider, f"Gate 2a (as the compilers see it): "
-                         f"{verdict.summary()}")
+                         f"{verdict.summary()}", "gate2a.compiled")
         return text, verdict
 
     def _check_resources(self, provider: llm.Provider,
@@ -307,7 +329,7 @@ class CodeGenerator:
         spills = usage.get("spill_store_bytes", 0)
         if stack > MAX_STACK_BYTES or spills > MAX_STACK_BYTES:
             self._reject(provider, f"resources: {stack} B stack and {spills} B "
-                         f"spills per thread (limit {MAX_STACK_BYTES} B)")
+                         f"spills per thread (limit {MAX_STACK_BYTES} B)", "resources")
 
     def _ask(self, provider: llm.Provider, task: TaskSpec,
              decision: Decision) -> str:
@@ -325,10 +347,10 @@ class CodeGenerator:
         return code
 
     @staticmethod
-    def _reject(provider: llm.Provider | None, reason: str) -> None:
+    def _reject(provider: llm.Provider | None, reason: str, check: str) -> None:
         if provider is None:  # the template is the fallback: nothing is left
             raise CodegenError(f"the template kernel failed: {reason}")
-        raise Rejected(reason)
+        raise Rejected(reason, check)
 
     def _compiler_name(self) -> str:
         if not self._compiler:
