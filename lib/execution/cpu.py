@@ -14,11 +14,18 @@ Times are wall-clock measurements (MEASURED):
 
 A worker that raises or dies yields a :class:`~lib.execution.base.DeviceError`
 naming the device, the shard and the decision; no partial result is returned.
+
+A crash leaves nothing behind. Workers watch their parent and exit when it is
+gone (killed with SIGKILL included), and each run's buffers live in a folder
+named after the process that owns it (``gpuhive-<pid>-...`` under the shared
+memory root), so the next backend to start removes the folders of owners that
+no longer exist (:func:`reclaim_orphans`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -57,8 +64,28 @@ def _open(desc: tuple[str, str, tuple[int, ...]], mode: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode=mode, shape=tuple(shape))
 
 
-def _worker_main(conn: connection.Connection, core: int | None) -> None:
+#: How often a worker checks that its parent is still there, seconds.
+PARENT_POLL_S = 0.25
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit this worker as soon as ``parent`` is gone (its pid changes to the
+    reaper's): a worker computing a long shard would otherwise run on as an
+    orphan. A thread, not ``PR_SET_PDEATHSIG``, which fires when the *thread*
+    that started the worker ends, not the process."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def _worker_main(conn: connection.Connection, core: int | None,
+                 parent: int | None = None) -> None:
     """Worker loop: receive a job, compute the shard, write it, report times."""
+    if parent is not None:
+        if os.getppid() != parent:  # the parent died before we got here
+            os._exit(1)
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="parent-watch").start()
     if core is not None and hasattr(os, "sched_setaffinity"):
         try:
             os.sched_setaffinity(0, {core})
@@ -100,6 +127,47 @@ def shm_root() -> str:
     """Where shared buffers live: ``/dev/shm`` where writable, else the temp dir."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
         else tempfile.gettempdir()
+
+
+#: Names of what a run leaves in :func:`shm_root` while it lives: the run's
+#: folder and the characterisation's copy file, each carrying the owner's pid.
+_OWNED = re.compile(r"^gpuhive-(?:copy-)?(\d+)(?:-.*|\.bin)$")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to judge
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def reclaim_orphans(root: str | None = None) -> list[str]:
+    """Remove the run folders and files whose owning process is gone (a run
+    killed with SIGKILL cannot clean up after itself); return their paths."""
+    base = Path(root or shm_root())
+    removed = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        m = _OWNED.match(path.name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path))
+    return removed
 
 
 class CpuBackend:
@@ -148,6 +216,7 @@ class CpuBackend:
         if self.workers and all(p.is_alive() for p in self.workers):
             return
         self.close()
+        reclaim_orphans()
         ctx = get_context("spawn")
         with _ENV_LOCK:
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
@@ -155,7 +224,8 @@ class CpuBackend:
             try:
                 for core in self._cores():
                     parent, child = ctx.Pipe()
-                    proc = ctx.Process(target=_worker_main, args=(child, core),
+                    proc = ctx.Process(target=_worker_main,
+                                       args=(child, core, os.getpid()),
                                        daemon=True, name=f"gpuhive-cpu-{core}")
                     proc.start()
                     child.close()
@@ -209,7 +279,7 @@ class CpuBackend:
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)
         self.start()
-        root = tempfile.mkdtemp(prefix="gpuhive-", dir=shm_root())
+        root = tempfile.mkdtemp(prefix=f"gpuhive-{os.getpid()}-", dir=shm_root())
         try:
             descs = {name: self._to_shared(root, name, arr)
                      for name, arr in inputs.items()}
