@@ -293,3 +293,17 @@ def test_unknown_policy_and_unnamable_machine_are_bad_input(args, needle):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+def test_decide_prints_only_a_hashed_accepted_decision():
+    from lib.contract import Decision, TaskSpec, config_hash
+
+    p = gpuhive("decide", "--kind", "histogram", "--dim", "N=1000000",
+                "--dim", "B=64", "--policy", "equal")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert set(doc) == {"task", "machine", "policy", "decision"}
+    task = TaskSpec.from_json(doc["task"])
+    decision = Decision.from_json(doc["decision"])
+    assert decision.config_hash == config_hash(task, decision)
+    assert doc["policy"] == "equal" and len(decision.gpus) == 4
