@@ -332,3 +332,18 @@ def test_bad_arguments_are_refused(tmp_path: Path):
         run([], scratch=tmp_path)
     with pytest.raises(ValueError, match="cpu_seconds"):
         SandboxLimits(cpu_seconds=0)
+
+
+@pytest.mark.parametrize("mode", ["system", "execv", "fork", "execveat",
+                                  "thread_exec"])
+def test_kill_denied_stops_the_program_at_the_attempt(program: Path, scratch: Path,
+                                                      mode: str):
+    """With ``kill_denied`` the attempt itself ends the run (the spot check
+    refuses on it) instead of failing with EPERM for the program to ignore."""
+    result = run([_with_program(program, scratch), mode], scratch=scratch,
+                 kill_denied=True)
+    assert not (scratch / "marker").exists()
+    assert result.returncode in (128 + 31, 128 + 9), result  # SIGSYS or SIGKILL
+    assert b"errno=" not in result.stdout  # it never got to carry on
+    assert run([_with_program(program, scratch), "threads"], scratch=scratch,
+               kill_denied=True).stdout == b"threads=2016\n"

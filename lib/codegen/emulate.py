@@ -309,7 +309,7 @@ def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
             cpu_seconds=max(1, int(timeout_s)), wall_seconds=timeout_s,
             memory_bytes=None if sanitized else 2 << 30)
         result = sandbox.run(argv, scratch=folder, limits=limits,
-                             allow_exec=False, env=SANITIZER_ENV,
+                             allow_exec=False, kill_denied=True, env=SANITIZER_ENV,
                              hide=isolation.secret_dirs(),
                              expose=isolation.runtime_paths())
         if result.timed_out or result.killed_by_limit in ("wall", "cpu"):

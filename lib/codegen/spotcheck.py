@@ -52,6 +52,11 @@ SPOT_DIMS: dict[str, dict[str, int]] = {
 GRID_1D = 3
 """Blocks of a 1-D spot launch: few, so grid-stride loops go round."""
 
+#: Wall and CPU limit of one sandboxed spot run, seconds: the spot task is tiny
+#: (a sane kernel needs well under a second even under the sanitizers), so an
+#: endless loop, a spin or a divergent barrier is refused in this time.
+UNTRUSTED_TIMEOUT_S = 5.0
+
 SPOT_BUILD = "asan"
 """Emulated build for spot checks: AddressSanitizer + UBSan, so an access past
 a buffer or a static shared array fails the check instead of passing by luck."""
@@ -275,7 +280,8 @@ def spot_check(source: str, task: TaskSpec, decision: Decision,
     if which == "cuda":
         out = run_cuda(source, launch, ptx=ptx)
     else:
-        out = run_emulated(source, launch, sandboxed=sandboxed)
+        out = run_emulated(source, launch, sandboxed=sandboxed,
+                           timeout_s=UNTRUSTED_TIMEOUT_S if sandboxed else 30.0)
     ref = work.reference(small, inputs)
     ok, err = verify(small, np.asarray(out), ref)
     if not np.all(np.isfinite(np.asarray(out, dtype=np.float64))):

@@ -263,13 +263,17 @@ def _arg_lo(i: int) -> int:
     return 16 + 8 * i
 
 
-def seccomp_filter(allow_exec: bool) -> bytes:
+def seccomp_filter(allow_exec: bool, kill_denied: bool = False) -> bytes:
     """The seccomp program the launcher installs, as packed ``sock_filter``s.
 
     Args:
         allow_exec: False for the exec-denying filter (``execve`` goes to the
             supervisor, see the module notes), True for the one that only
             fails the syscalls denied in both modes.
+        kill_denied: a denied syscall kills the process (SIGSYS) instead of
+            failing with EPERM, so a program that tries one cannot carry on
+            as if nothing happened (the spot check's runs use it: an attempt
+            is itself a refusal).
 
     Returns:
         ``struct sock_filter`` records (8 bytes each) for ``seccomp(2)``.
@@ -303,7 +307,8 @@ def seccomp_filter(allow_exec: bool) -> bytes:
     else:
         emit(jset, _CLONE_THREAD, "allow", "deny")
     for name, value in (("allow", _RET_ALLOW), ("notify", _RET_USER_NOTIF),
-                        ("deny", _RET_ERRNO | errno.EPERM),
+                        ("deny", _RET_KILL_PROCESS if kill_denied
+                         else _RET_ERRNO | errno.EPERM),
                         ("enosys", _RET_ERRNO | errno.ENOSYS),
                         ("kill", _RET_KILL_PROCESS)):
         labels[name] = len(prog)
@@ -424,6 +429,12 @@ while True:
             reply = struct.pack("<QqiI", nid, 0, 0, 1)  # FLAG_CONTINUE
         else:
             reply = struct.pack("<QqiI", nid, 0, -errno.EPERM, 0)
+            if mode == "strict":
+                os.write(2, b"sandbox: denied an exec; the program is stopped\n")
+                try:
+                    os.kill(npid, signal.SIGKILL)
+                except OSError:
+                    pass
         try:
             fcntl.ioctl(listener, 0xC0182101, reply)  # NOTIF_SEND
         except OSError:
@@ -480,6 +491,7 @@ def _command(
     env: Mapping[str, str],
     hide: Sequence[Path],
     expose: Sequence[Path] = (),
+    kill_denied: bool = False,
 ) -> list[str]:
     bwrap = find_bwrap()
     if bwrap is None:
@@ -512,10 +524,10 @@ def _command(
     base = {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": SCRATCH, "TMPDIR": "/tmp"}
     for key, value in {**base, **env}.items():
         cmd += ["--setenv", key, value]
-    prog = seccomp_filter(allow_exec)
+    prog = seccomp_filter(allow_exec, kill_denied and not allow_exec)
     cmd += [
         python, "-I", "-S", "-B", "-c", _LAUNCHER,
-        "exec" if allow_exec else "run", prog.hex(),
+        "exec" if allow_exec else ("strict" if kill_denied else "run"), prog.hex(),
         str(limits.cpu_seconds), str(limits.memory_bytes or 0),
         str(limits.file_bytes), str(limits.stack_bytes),
         str(limits.max_processes), "--", *argv,
@@ -611,8 +623,10 @@ def _run(
     env: Mapping[str, str],
     hide: Sequence[Path],
     expose: Sequence[Path] = (),
+    kill_denied: bool = False,
 ) -> SandboxResult:
-    cmd = _command(argv, scratch, limits, allow_exec, env, hide, expose)
+    cmd = _command(argv, scratch, limits, allow_exec, env, hide, expose,
+                   kill_denied)
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -687,6 +701,7 @@ def run(
     env: Mapping[str, str] | None = None,
     hide: Sequence[str | Path] = (),
     expose: Sequence[str | Path] = (),
+    kill_denied: bool = False,
 ) -> SandboxResult:
     """Run ``argv`` in a fresh sandbox (see the module notes).
 
@@ -707,6 +722,9 @@ def run(
         expose: host files or folders bound read-only at their own path even
             where the sandbox's fresh ``/tmp`` covers them (a checkout or a
             virtual environment under ``/tmp`` the command needs to read).
+        kill_denied: with ``allow_exec=False``, a denied syscall or a second
+            exec kills the program (SIGSYS, or SIGKILL with a ``sandbox:``
+            line) instead of failing with EPERM.
 
     Returns:
         A :class:`SandboxResult`; a non-zero exit is a result, not an error.
@@ -736,4 +754,4 @@ def run(
     if reason is not None:
         raise SandboxUnavailable(reason)
     return _run(list(map(str, argv)), scratch, limits or SandboxLimits(),
-                allow_exec, stdin, env, hidden, shown)
+                allow_exec, stdin, env, hidden, shown, kill_denied)
