@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,10 +12,12 @@ from lib.execution import BackendUnavailable, ExecutionError, get_backend
 from lib.execution.cuda import (
     MATMUL_TILE,
     MAX_BLOCKS,
+    MAX_GRID_Y,
     chunk_bounds,
     entry_point,
     from_device_dtype,
     launch_geometry,
+    launch_plan,
     probe,
     replan,
     to_device_dtype,
@@ -126,6 +130,8 @@ def test_cuda_runs_verify(task, mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["host", "p2p", "nccl"])
 def test_cuda_sum_merge_paths(path):
+    """Every path verifies, and the metrics name the path that ran (nccl runs
+    as peer copies only where NCCL is missing, and says so)."""
     from lib.platform.machines import load_machine
 
     machine = load_machine("nvml")
@@ -135,4 +141,47 @@ def test_cuda_sum_merge_paths(path):
     d = EqualSplit().decide(task, machine)
     d = Decision(**{**d.__dict__, "comm_path": path}).with_hash(task)
     with get_backend("cuda", machine) as backend:
+        m = backend.run(task, d, verify=True).metrics
+        ran = path if path != "nccl" or backend.nccl_ok else "p2p"
+    assert m.verified
+    assert m.merge_path == (ran if len(d.gpus) > 1 else "host"), m.merge_note
+    if ran == "p2p":
+        assert len(m.peer_copies) == len(d.gpus) - 1
+
+
+def _on_the_first_gpu(shards: int):
+    """The live profile's first device, ``shards`` times, all on one ordinal."""
+    from lib.platform.machines import load_machine
+
+    live = load_machine("nvml")
+    with get_backend("cuda", live, warmup=0) as b:
+        first = min(b.device_map, key=b.device_map.__getitem__)
+        ordinal = b.device_map[first]
+    devices = tuple(replace(live.devices[first], index=i) for i in range(shards))
+    machine = replace(live, name=f"{shards}-on-1", devices=devices,
+                      host_links=(live.host_links[first],) * shards, peers={})
+    return machine, dict.fromkeys(range(shards), ordinal)
+
+
+@pytest.mark.gpu
+def test_cuda_matmul_above_the_grid_y_limit():
+    machine, dmap = _on_the_first_gpu(1)
+    task = TaskSpec("matmul", {"M": MAX_GRID_Y * MATMUL_TILE + 33, "N": 32, "K": 16})
+    assert len(launch_plan(task, task.split_size, 256)) == 2
+    d = Decision(gpus=(0,), shares=(1.0,), chunk=task.split_size,
+                 mode="single").with_hash(task)
+    with get_backend("cuda", machine, warmup=0, device_map=dmap) as backend:
         assert backend.run(task, d, verify=True).metrics.verified
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("path", "ran"), [("host", "host"), ("p2p", "p2p"),
+                                           ("nccl", "p2p")])
+def test_cuda_several_shards_on_one_gpu(path, ran):
+    machine, dmap = _on_the_first_gpu(3)
+    task = TaskSpec("reduce", {"N": 3_000_017})
+    d = Decision(gpus=(0, 1, 2), shares=(0.5, 0.3, 0.2), chunk=400_000,
+                 mode="pipelined", comm_path=path).with_hash(task)
+    with get_backend("cuda", machine, warmup=0, device_map=dmap) as backend:
+        m = backend.run(task, d, verify=True).metrics
+    assert m.verified and m.merge_path == ran and m.peer_copies == ()

@@ -13,6 +13,9 @@ reference. Sizes are small and not multiples of the block (32 or 96 threads).
 
 from __future__ import annotations
 
+import ctypes
+import time
+
 import emulated_cupy as ec
 import numpy as np
 import pytest
@@ -79,10 +82,9 @@ def builds(tmp_path_factory):
     except Exception as exc:  # no NVRTC, hence no template kernels
         pytest.skip(f"the code-gen plane serves no kernel source here "
                     f"({type(exc).__name__}: {exc!s:.120})")
-    kb = ec.KernelBuilds(tmp_path_factory.mktemp("emulated_cupy"))
+    kb = ec.session_builds(tmp_path_factory.mktemp("emulated_cupy"))
     kb.prebuild(sources)
-    yield kb
-    kb.close()
+    return kb
 
 
 @pytest.fixture
@@ -141,7 +143,9 @@ def test_every_kind_splits_and_verifies(gpus, hetero4, task, gpus_, shares, bloc
         assert len(launches(log, g)) == (sweeps if g in gpus_ else 0)
     if task.kind in EXACT:
         assert np.array_equal(result.output, reference(task))
-    assert cp.gpus.pool_frees == 2  # close() emptied both pools
+    # close() emptied the pool of every device it used, and the pinned pool
+    assert cp.gpus.pool_frees == {g: int(g in gpus_) for g in range(DEVICES)}
+    assert cp.gpus.pinned_pool_frees == 1
 
 
 @pytest.mark.parametrize(("task", "gpus_", "shares", "block"), LOW_PRECISION,
@@ -297,6 +301,37 @@ def test_profile_devices_map_to_cuda_ordinals(gpus, hetero4):
     assert info.value.device == 2
 
 
+# -- several shards on one physical device ------------------------------------------
+
+ONE_DEVICE = [
+    (ELEMENTWISE, "split", "host", 96, 3001),
+    (MATMUL, "pipelined", "host", 96, 5),
+    (REDUCE, "pipelined", "host", 32, 1000),
+    (HISTOGRAM, "split", "p2p", 96, 4099),
+    (STENCIL, "split", "host", 32, 19),
+]
+
+
+@pytest.mark.parametrize(("task", "mode", "comm", "block", "chunk"), ONE_DEVICE,
+                         ids=[f"{t.kind}-{m}-{c}" for t, m, c, *_ in ONE_DEVICE])
+def test_several_shards_run_on_one_device(gpus, hetero4, task, mode, comm, block,
+                                          chunk):
+    """Three profile devices mapped onto ordinal 3: each shard has its own
+    streams there, and a p2p sum adds the partials in place (no copy)."""
+    cp = gpus()
+    d = decide(task, (0, 1, 2), (0.4, 0.35, 0.25), block, mode=mode, comm=comm,
+               chunk=chunk)
+    result, log = run(cp, hetero4, task, d, device_map={0: 3, 1: 3, 2: 3})
+    assert result.metrics.verified is True
+    assert all(not launches(log, o) for o in range(3))
+    streams = {q for _, q in launches(log, 3)}
+    assert len(streams) == (3 if task.kind == "stencil" or mode == "split" else 6)
+    assert set(result.detail["device_map"].values()) == {3}
+    if comm == "p2p":
+        assert result.metrics.merge_path == "p2p"
+        assert result.metrics.peer_copies == ()
+
+
 # -- when the host waits ----------------------------------------------------------
 
 
@@ -381,3 +416,151 @@ def test_stand_in_refuses_launches_that_mismatch_the_signature(gpus):
             kernel((1, 1, 1), (32, 1, 1), (args[0], half) + args[2:])
     with cp.cuda.Device(1), pytest.raises(ValueError, match="on device 0"):
         kernel((1, 1, 1), (32, 1, 1), args)
+
+
+TOO_MUCH_SHARED = r'''
+extern "C" __global__ void big_shared(float* out) {
+    __shared__ float tile[16384];  // 64 KiB
+    tile[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = tile[0];
+}
+'''
+
+
+def test_stand_in_pools_device_memory_per_device_and_per_stream(gpus):
+    """memory.pyx: a freed block goes back to the arena of the stream it was
+    allocated on, and comes out again at once; freeing it while another stream
+    still has work on it is a race; free_all_blocks is per device."""
+    cp = gpus()
+    pool = cp.get_default_memory_pool()
+    with cp.cuda.Device(1):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.zeros(100, dtype=cp.float32)
+            ptr = x.data.ptr
+            x.sum()  # queued on s, not run
+            del x  # s's own arena: reuse is ordered after the sum
+            assert cp.empty(100, dtype=cp.float32).data.ptr == ptr
+        assert cp.gpus.races == []
+        z = cp.zeros(100, dtype=cp.float32)  # the null stream's arena
+        cp.cuda.Stream.null.synchronize()
+        with s:
+            z.sum()
+        del z
+        assert len(cp.gpus.races) == 1
+        assert "went back to the pool of null@1 while sum on stream" in \
+            cp.gpus.races[0]
+        assert pool.n_free_blocks() > 0
+    with cp.cuda.Device(0):
+        pool.free_all_blocks()
+    with cp.cuda.Device(1):
+        assert pool.n_free_blocks() > 0  # device 0's call left device 1's pool
+        pool.free_all_blocks()
+        assert pool.n_free_blocks() == 0
+    assert cp.gpus.pool_frees == {0: 1, 1: 1, 2: 0, 3: 0}
+
+
+def test_stand_in_pinned_pool_hands_a_freed_block_out_at_once(gpus):
+    """pinned_memory.pyx: no stream tracking. A block dropped while a copy into
+    it is queued is handed out again, and the stale copy lands in it later."""
+    cp = gpus()
+    with cp.cuda.Device(0):
+        s = cp.cuda.Stream(non_blocking=True)
+        x = cp.zeros(4, dtype=cp.float32)
+        cp.cuda.Stream.null.synchronize()
+        buf = cp.cuda.alloc_pinned_memory(16)
+        address = ctypes.addressof(buf)
+        x.get(stream=s, out=np.frombuffer(buf, np.float32, 4), blocking=False)
+        del buf
+        assert len(cp.gpus.races) == 1 and "pinned host memory" in cp.gpus.races[0]
+        again = cp.cuda.alloc_pinned_memory(16)
+        assert ctypes.addressof(again) == address
+        assert cp.gpus.log[-1] == ("pinned", 512, True)
+        staged = np.frombuffer(again, np.float32, 4)
+        staged[...] = 7.0
+        s.synchronize()
+        assert (staged == 0).all()  # the old copy overwrote the new owner's data
+
+
+def test_stand_in_refuses_launches_over_the_hardware_limits(gpus, builds):
+    cp = gpus()
+    d = decide(REDUCE, (0,), (1.0,), 32, mode="single")
+    source, name, options = default_source_provider(REDUCE, d)
+    kernel = cp.RawModule(code=source, options=options).get_function(name)
+    assert kernel.static_shared == 32 * 4  # REDUCE_MAX_THREADS floats
+    with cp.cuda.Device(0):
+        x = cp.empty(8, dtype=cp.float32)
+        out = cp.empty(8, dtype=cp.float32)
+        args = (x, out, np.int64(8))
+        kernel((1, ec.MAX_GRID_YZ, 1), (32, 1, 1), args)  # queued, never run
+        kernel((1, 1, 1), (32, 1, 1), args, shared_mem=ec.SHARED_LIMIT - 128)
+        for grid, block, shared in [((1, ec.MAX_GRID_YZ + 1, 1), (32, 1, 1), 0),
+                                    ((1, 1, ec.MAX_GRID_YZ + 1), (32, 1, 1), 0),
+                                    ((1, 1, 1), (1056, 1, 1), 0),
+                                    ((1, 1, 1), (1, 1, 65), 0),
+                                    ((1, 1, 1), (32, 1, 1), ec.SHARED_LIMIT - 124)]:
+            with pytest.raises(ec.CUDADriverError, match="CUDA_ERROR_INVALID_VALUE"):
+                kernel(grid, block, args, shared_mem=shared)
+    with pytest.raises(ec.CompileException, match="too much shared data"):
+        cp.RawModule(code=TOO_MUCH_SHARED).get_function("big_shared")
+
+
+def test_stand_in_streams_belong_to_their_device(gpus):
+    """stream.pyx check_stream_device_match."""
+    cp = gpus()
+    with cp.cuda.Device(1):
+        s = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.Device(0), pytest.raises(RuntimeError, match=r"created on \(1\)"):
+        with s:
+            pass
+
+
+def test_stand_in_has_nccl_only_with_its_library(gpus):
+    """cupy/cuda/nccl.py without libnccl: ``available`` and nothing else; and
+    cupy.cuda has no nccl attribute until imported (cupy/cuda/__init__.py)."""
+    cp = gpus(nccl=False)
+    from cupy.cuda import nccl
+
+    assert nccl.available is False and not hasattr(nccl, "NcclCommunicator")
+    with pytest.raises(AttributeError, match="no attribute 'nccl'"):
+        cp.cuda.nccl  # noqa: B018
+    gpus(nccl=True)
+    from cupy.cuda import nccl
+
+    assert nccl.available is True and hasattr(nccl, "NcclCommunicator")
+
+
+def test_stand_in_peer_access_is_per_direction_and_enabled_once(gpus):
+    cp = gpus()  # hetero-4: 0-1 is a peer link, 0-3 is not
+    rt = cp.cuda.runtime
+    with cp.cuda.Device(0):
+        rt.deviceEnablePeerAccess(1)
+        for peer, status in [(1, rt.errorPeerAccessAlreadyEnabled), (3, 217),
+                             (0, 101)]:
+            with pytest.raises(ec.CUDARuntimeError) as info:
+                rt.deviceEnablePeerAccess(peer)
+            assert info.value.status == status
+        a = cp.zeros(4, dtype=cp.float32)
+    with cp.cuda.Device(1):
+        b = cp.zeros(4, dtype=cp.float32)
+    rt.memcpyPeer(a.data.ptr, 0, b.data.ptr, 1, 16)  # 0 reads 1: enabled
+    rt.memcpyPeer(b.data.ptr, 1, a.data.ptr, 0, 16)  # 1 reads 0: not enabled
+    copies = [e for e in cp.gpus.log if e[0] == "memcpy_peer"]
+    assert copies == [("memcpy_peer", 0, 1, 16, True), ("memcpy_peer", 1, 0, 16, False)]
+
+
+def test_stand_in_event_times_follow_an_eager_device(gpus):
+    """An event on an idle stream reads the host's clock when recorded, though
+    the stand-in runs the stream's work later."""
+    cp = gpus()
+    with cp.cuda.Device(2):
+        s = cp.cuda.Stream(non_blocking=True)
+        first, second = cp.cuda.Event(), cp.cuda.Event()
+        first.record(s)
+        time.sleep(0.2)
+        second.record(s)
+        time.sleep(0.2)
+        s.synchronize()
+    # the host's 0.2 s between the records, not the 0.2 s after them
+    assert 200 <= cp.cuda.get_elapsed_time(first, second) < 400

@@ -1,4 +1,4 @@
-"""The cuda backend: CuPy on real GPUs, one stream per device.
+"""The cuda backend: CuPy on real GPUs, two streams per device.
 
 For a Decision the backend:
 
@@ -6,40 +6,78 @@ For a Decision the backend:
    decision, scanned by Gate 2a) and compiles it with NVRTC through
    ``cupy.RawModule``, with CuPy's kernel cache kept in memory
    (``CUPY_CACHE_IN_MEMORY=1``) so nothing on disk enters the trust path;
-2. shards the inputs (:func:`lib.platform.workloads.split_rows`) and, per device, on its
-   own non-blocking stream: copies the shard from pinned host memory, launches
-   the kernel, copies the result back, timing the three with CUDA events;
-3. in ``pipelined`` mode cuts each shard into chunks that alternate between two
-   streams, so the copy of one chunk overlaps the compute of the other;
-4. merges on the decision's comm path: ``concat`` gathers rows into the host
-   result; ``sum`` adds partials on the host (``host``), on the first device
-   after peer copies (``p2p``, where ``deviceCanAccessPeer`` allows), or with an
-   NCCL all-reduce (``nccl``).
+2. shards the inputs (:func:`lib.platform.workloads.split_rows`) and, per
+   device, on its own two non-blocking streams, for each piece: stages the
+   piece's rows in pinned host memory (host work), then queues the copy in, the
+   launch(es) and the copy back between two CUDA events;
+3. in ``pipelined`` mode cuts each shard into chunks that alternate between the
+   two streams, so the copy of one chunk overlaps the compute of the other;
+4. merges: ``concat`` gathers rows into the host result; ``sum`` adds partials
+   on the host (``host``), on the first device after peer copies (``p2p``;
+   peer access is enabled first wherever ``deviceCanAccessPeer`` allows), or
+   with an NCCL all-reduce (``nccl``).
 
-Out-of-memory or a device error on one device raises
+**Timings.** ``per_device_seconds[g]`` is device time: the union of the spans
+between each piece's two events -- the start event is recorded after the
+piece's host staging, so staging is not in it -- plus, for matmul, B's upload
+and, for sums, the on-device add of a shard's partials. Time the device spent
+waiting for the host is not counted. ``total_seconds`` is host wall clock from
+dispatch to the merged result (staging, queuing, waiting, merging).
+``Result.detail["pieces"]`` holds each span as ``(stream, start, end)`` in
+seconds from the device's first event; ``detail["overlap"]`` says whether spans
+on a device's two streams overlapped.
+
+**Merge paths.** :class:`CudaMetrics` says which path ran (``merge_path``) and
+what was asked (``merge_requested``). A sum asked for on ``nccl`` where NCCL
+cannot run -- the library is missing, or shards share a device, which NCCL
+allows one rank each -- runs as peer copies and ``merge_note`` says why: the
+run is not refused (a decision stays runnable wherever some path exists), and
+the result says what it measured. Each copy of a partial to the first device is
+recorded with whether it had peer access (``peer_copies``).
+
+**Devices.** Profile device ``g`` runs on CUDA ordinal ``device_map[g]``. For
+the ``nvml`` profile (devices in NVML order) the map is made by PCI bus id
+(:func:`map_by_bus_id`): CUDA numbers devices its own way (fastest first, after
+``CUDA_VISIBLE_DEVICES``), so NVML index ``i`` is not CUDA device ``i`` in
+general. A device CUDA does not see has no ordinal, and a decision naming it
+fails with an :class:`~lib.execution.base.ExecutionError`. Several profile
+devices may share one ordinal (several shards on one physical GPU).
+
+**Failures.** A device fault (:func:`is_device_fault`: out of memory, or a CUDA
+error that is not a caller error) raises
 :class:`~lib.execution.base.DeviceError` naming the device, the shard and the
 decision hash -- or, with ``allow_replan=True``, re-plans once on the remaining
 devices (shares renormalised, the new decision through Gate 1) and says so in
-``Result.detail["replanned"]``. Never a partial result marked complete.
+``Result.detail["replanned"]``. Before either, every device the run touched is
+synchronised, and only then are its buffers released: CuPy's pinned pool hands a
+freed block out again at once with no stream tracking, so a re-planned run
+could otherwise stage into memory a queued copy still uses. Errors that are not
+device faults -- kernel source and compile errors, argument types, launch
+configurations -- raise ExecutionError and never re-plan: they would follow the
+work to any device. Never a partial result marked complete.
 
-:func:`lib.platform.cudastack.probe` reports, without raising, what this machine lacks
-for CUDA.
+:func:`lib.platform.cudastack.probe` reports, without raising, what this machine
+lacks for CUDA.
+
+Why one module: the backend is one object whose methods share the same CuPy
+handles, shard bookkeeping and failure path (queue, synchronise, release); the
+pure helpers beside it (launch plans, spans, bus-id mapping, fault
+classification) exist for it alone and are tested without a GPU.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from lib.codegen import CodeGenerator
-from lib.codegen.specialise import KIND_DTYPES
 from lib.contract import Decision, TaskSpec
 from lib.execution.base import (
     BackendUnavailable,
@@ -55,12 +93,53 @@ from lib.platform.workloads import Arrays, round_bf16, split_rows, workload
 from lib.platform.workloads import verify as verify_output
 from lib.security.gate1 import check_decision
 
+try:  # the code-gen plane renders kernels with jinja2, which a bare GPU host may
+    # lack; the backend still imports (a caller's source_provider then serves)
+    from lib.codegen import CodeGenerator
+    from lib.codegen.specialise import KIND_DTYPES
+
+    CODEGEN_MISSING = ""
+except ModuleNotFoundError as _missing:
+    if _missing.name != "jinja2":
+        raise
+    CodeGenerator = None  # type: ignore[assignment,misc]
+    KIND_DTYPES = None  # type: ignore[assignment]
+    CODEGEN_MISSING = "the code-gen plane needs jinja2, which is not installed"
+
 MATMUL_TILE = 16
 #: 1-D grids are capped here; the kernels' grid-stride loops cover the rest.
 MAX_BLOCKS = 4096
+#: Largest grid extent in y on every CUDA GPU (cudaDeviceProp.maxGridSize[1]);
+#: a matmul piece of more than MAX_GRID_Y * MATMUL_TILE rows is launched in row
+#: blocks (:func:`launch_plan`).
+MAX_GRID_Y = 65535
+
+#: Names of CUDA runtime and driver errors that are the caller's, not the
+#: device's: a bad launch, handle, image or argument fails the same on any
+#: device, so it never triggers a re-plan (:func:`is_device_fault`).
+CALLER_ERRORS = frozenset({
+    "cudaErrorInvalidValue", "cudaErrorInvalidConfiguration",
+    "cudaErrorInvalidDeviceFunction", "cudaErrorInvalidDevice",
+    "cudaErrorInvalidPitchValue", "cudaErrorInvalidSymbol",
+    "cudaErrorInvalidResourceHandle", "cudaErrorInvalidPtx",
+    "cudaErrorInvalidKernelImage", "cudaErrorNoKernelImageForDevice",
+    "cudaErrorSymbolNotFound", "cudaErrorNotSupported",
+    "cudaErrorLaunchOutOfResources", "cudaErrorInvalidMemcpyDirection",
+    "cudaErrorPeerAccessAlreadyEnabled", "cudaErrorPeerAccessNotEnabled",
+    "cudaErrorPeerAccessUnsupported", "cudaErrorUnsupportedPtxVersion",
+    "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE",
+    "CUDA_ERROR_INVALID_IMAGE", "CUDA_ERROR_INVALID_PTX",
+    "CUDA_ERROR_INVALID_SOURCE", "CUDA_ERROR_NO_BINARY_FOR_GPU",
+    "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_NOT_SUPPORTED",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND",
+})
 
 #: (task, decision) -> (source, kernel name, NVRTC options)
 SourceProvider = Callable[[TaskSpec, Decision], tuple[str, str, tuple[str, ...]]]
+
+Launch = tuple[int, int, tuple[int, ...], tuple[int, ...]]
+"""One launch over part of a piece: (first row, rows, grid, block)."""
 
 
 # --------------------------------------------------------------------------
@@ -72,7 +151,7 @@ def entry_point(task: TaskSpec) -> str:
     Raises:
         ExecutionError: the kernels have no entry point for the task's dtype.
     """
-    if task.dtype not in KIND_DTYPES[task.kind]:
+    if KIND_DTYPES is not None and task.dtype not in KIND_DTYPES[task.kind]:
         raise ExecutionError(
             f"no {task.kind}_{task.dtype} kernel: {task.kind} runs in "
             f"{', '.join(KIND_DTYPES[task.kind])} on the cuda backend")
@@ -85,7 +164,8 @@ def launch_geometry(task: TaskSpec, rows: int, block: int) -> tuple[tuple[int, .
 
     matmul: a 2-D grid of TILE x TILE output tiles; stencil: one block per row of
     the band; the 1-D kernels: ``ceil(elements / block)`` blocks, capped at
-    :data:`MAX_BLOCKS` (their grid-stride loops cover the rest).
+    :data:`MAX_BLOCKS` (their grid-stride loops cover the rest). A matmul over
+    more than ``MAX_GRID_Y * MATMUL_TILE`` rows needs :func:`launch_plan`.
     """
     if task.kind == "matmul":
         n = task.dims["N"]
@@ -94,6 +174,25 @@ def launch_geometry(task: TaskSpec, rows: int, block: int) -> tuple[tuple[int, .
     if task.kind == "stencil":
         return ((max(1, rows), 1, 1), (block, 1, 1))
     return ((max(1, min(MAX_BLOCKS, math.ceil(rows / block))), 1, 1), (block, 1, 1))
+
+
+def launch_plan(task: TaskSpec, rows: int, block: int) -> list[Launch]:
+    """The launches that cover a piece of ``rows`` rows, each within the grid
+    limits: ``(first row, rows, grid, block)``.
+
+    matmul: row blocks of at most :data:`MAX_GRID_Y` ``* MATMUL_TILE`` rows, each
+    launched on its own offsets into A and C (the kernel reads ``blockIdx.y`` as
+    a row tile and takes the row count as ``M``); every other kind: one launch
+    (their grids are 1-D, limited at 2^31 - 1 blocks).
+    """
+    if task.kind != "matmul":
+        return [(0, rows, *launch_geometry(task, rows, block))]
+    step = MAX_GRID_Y * MATMUL_TILE
+    plan = []
+    for first in range(0, max(rows, 1), step):
+        count = min(rows, first + step) - first
+        plan.append((first, count, *launch_geometry(task, count, block)))
+    return plan
 
 
 def chunk_bounds(lo: int, hi: int, chunk: int) -> list[tuple[int, int]]:
@@ -132,21 +231,168 @@ def replan(decision: Decision, failed: int) -> Decision:
                    mode=mode, comm_path=path, config_hash="")
 
 
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` spans (overlaps once)."""
+    total, reached = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
+
+
+def overlapped(pieces: Sequence[tuple[int, float, float]]) -> bool:
+    """Whether two ``(stream, start, end)`` spans on different streams overlap
+    in time."""
+    return any(a[0] != b[0] and a[1] < b[2] and b[1] < a[2]
+               for i, a in enumerate(pieces) for b in pieces[i + 1:])
+
+
+_BUS_RE = re.compile(r"^([0-9a-f]{1,8}):([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$")
+
+
+def normalise_bus_id(bus_id: str | bytes) -> str:
+    """A PCI bus id as ``"dddd:bb:dd.f"`` in lower case: NVML writes an 8-digit
+    domain (``"00000000:17:00.0"``), CUDA a 4-digit one (``"0000:17:00.0"``).
+
+    Raises:
+        BackendUnavailable: not a PCI bus id.
+    """
+    text = (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id))
+    m = _BUS_RE.match(text.strip().rstrip("\x00").lower())
+    if m is None:
+        raise BackendUnavailable(f"cuda backend: {text!r} is not a PCI bus id")
+    domain, bus, dev, fn = (int(v, 16) for v in m.groups())
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def map_by_bus_id(profile_bus_ids: Sequence[str | bytes],
+                  cuda_bus_ids: Sequence[str | bytes]) -> dict[int, int]:
+    """Profile device -> CUDA ordinal, matched by PCI bus id.
+
+    Args:
+        profile_bus_ids: NVML's bus id of each profile device, in profile order
+            (``nvmlDeviceGetPciInfo(handle).busId`` by NVML index).
+        cuda_bus_ids: ``cudaDeviceGetPCIBusId`` of each CUDA ordinal, in CUDA's
+            numbering (after ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
+
+    Returns:
+        ``{profile index: ordinal}`` for every profile device CUDA sees; a device
+        CUDA does not see (hidden by ``CUDA_VISIBLE_DEVICES``) has no entry.
+
+    Raises:
+        BackendUnavailable: a bus id is malformed or repeated (MIG instances
+            share one), or a CUDA device is not among the profile's.
+    """
+    profile = [normalise_bus_id(b) for b in profile_bus_ids]
+    cuda = [normalise_bus_id(b) for b in cuda_bus_ids]
+    for what, ids in (("NVML", profile), ("CUDA", cuda)):
+        repeated = sorted({b for b in ids if ids.count(b) > 1})
+        if repeated:
+            raise BackendUnavailable(f"cuda backend: {what} lists bus id(s) "
+                                     f"{', '.join(repeated)} more than once; "
+                                     "devices cannot be told apart")
+    where = {b: i for i, b in enumerate(profile)}
+    strays = [f"{o} ({b})" for o, b in enumerate(cuda) if b not in where]
+    if strays:
+        raise BackendUnavailable(f"cuda backend: CUDA device(s) {', '.join(strays)} "
+                                 "are not among the NVML devices of the profile")
+    return {where[b]: o for o, b in enumerate(cuda)}
+
+
+def is_device_fault(exc: BaseException,
+                    fault_types: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` is the device's fault, so that re-planning without the
+    device may help: CuPy's out-of-memory, or a CUDA runtime/driver error
+    (``fault_types``) whose name is not in :data:`CALLER_ERRORS`."""
+    if not fault_types or not isinstance(exc, fault_types):
+        return False
+    if isinstance(exc, MemoryError):
+        return True
+    return str(exc).split(":", 1)[0].strip() not in CALLER_ERRORS
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:limit]}"
+
+
 # --------------------------------------------------------------------------
 # The backend
+
+@dataclass(frozen=True)
+class CudaMetrics(ExecutionMetrics):
+    """:class:`~lib.execution.base.ExecutionMetrics` plus how the run merged.
+
+    Attributes:
+        merge_requested: the decision's ``comm_path``.
+        merge_path: the path that ran: ``"host"`` (concat rows gathered, or
+            partials added, on the host), ``"p2p"`` or ``"nccl"``.
+        merge_note: why ``merge_path`` differs from ``merge_requested`` (empty
+            when it does not).
+        peer_copies: ``(source ordinal, destination ordinal, peer access)`` of
+            each partial copied to the first device on the p2p path; without
+            peer access the copy went through the host.
+    """
+
+    merge_requested: str = "host"
+    merge_path: str = "host"
+    merge_note: str = ""
+    peer_copies: tuple[tuple[int, int, bool], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out.update(merge_requested=self.merge_requested, merge_path=self.merge_path,
+                   merge_note=self.merge_note,
+                   peer_copies=[list(c) for c in self.peer_copies])
+        return out
+
+
+@dataclass(frozen=True)
+class _Merge:
+    path: str
+    note: str = ""
+    peer_copies: tuple[tuple[int, int, bool], ...] = ()
+
+
+@dataclass(eq=False)
+class _Shard:
+    """One device's queued work: its streams, timing events, results, and the
+    buffers that must outlive the streams (released only after they are
+    synchronised)."""
+
+    pos: int
+    g: int
+    ordinal: int
+    lo: int
+    hi: int
+    streams: list[Any] = field(default_factory=list)
+    spans: list[tuple[int, Any, Any]] = field(default_factory=list)
+    pieces: list[tuple[int, float, float]] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)
+    keep: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        self.keep.clear()
+        self.outputs = []
+        self.spans = []
+
 
 class CudaBackend:
     """Runs decisions on CUDA devices through CuPy.
 
     Args:
-        machine: the profile; device ``i`` is CUDA ordinal
-            ``device_map[i]`` (default ``i``).
+        machine: the profile; device ``g`` is CUDA ordinal ``device_map[g]``.
         seed: seed of the inputs.
         repeats, warmup: timed and untimed runs (figures are medians).
         source_provider: where kernel source comes from; default the code-gen
             plane's template provider (Gate 2a on every source).
-        allow_replan: re-plan once on the remaining devices when one fails.
-        device_map: profile index -> CUDA ordinal.
+        allow_replan: re-plan once on the remaining devices when one faults.
+        device_map: profile index -> CUDA ordinal; default by PCI bus id for the
+            ``nvml`` profile, identity otherwise. Ordinals may repeat.
+
+    Raises:
+        BackendUnavailable: no usable CUDA, a non-GPU profile, or devices that
+            cannot be mapped onto CUDA ordinals.
     """
 
     name = "cuda"
@@ -163,35 +409,83 @@ class CudaBackend:
         if any(d.kind != "gpu" for d in machine.devices):
             raise BackendUnavailable(f"cuda backend: machine {machine.name} has "
                                      "non-GPU devices; use --machine nvml")
-        self.device_map = device_map or {i: i for i in range(machine.n)}
-        missing = [i for i, o in self.device_map.items() if o >= found.devices]
-        if missing:
-            raise BackendUnavailable(
-                f"cuda backend: profile {machine.name} names {machine.n} device(s) "
-                f"but only {found.devices} CUDA device(s) are visible")
         os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "1")
         import cupy
 
         self.cp = cupy
         self.machine = machine
+        if device_map is not None:
+            self.device_map = dict(device_map)
+        elif machine.name == "nvml":
+            self.device_map = self._nvml_map(found.devices)
+        else:
+            self.device_map = {i: i for i in range(machine.n)}
+        stray = sorted({o for o in self.device_map.values()
+                        if not 0 <= o < found.devices})
+        if stray or len(self.device_map) < min(machine.n, 1):
+            raise BackendUnavailable(
+                f"cuda backend: profile {machine.name} names {machine.n} device(s) "
+                f"but only {found.devices} CUDA device(s) are visible")
         self.seed = seed
         self.repeats = max(1, repeats)
         self.warmup = max(0, warmup)
         self.allow_replan = allow_replan
         self.nccl_ok = found.nccl
+        self.nccl_reason = "; ".join(r for r in found.reasons if "NCCL" in r) \
+            or "NCCL unavailable"
         self.source_provider = source_provider or default_source_provider
         self._modules: dict[tuple[int, str, str], Any] = {}
         self._comms: dict[tuple[int, ...], list[Any]] = {}
+        self._peers: dict[tuple[int, int], bool] = {}
+        self._used: set[int] = set()
+        self._faults = self._fault_types()
+
+    def _nvml_map(self, cuda_count: int) -> dict[int, int]:
+        """The nvml profile's devices mapped by PCI bus id (see
+        :func:`map_by_bus_id`)."""
+        try:
+            nvml = _nvml_bus_ids()
+            runtime = self.cp.cuda.runtime
+            cuda = [runtime.deviceGetPCIBusId(o) for o in range(cuda_count)]
+        except Exception as exc:
+            raise BackendUnavailable(f"cuda backend: cannot read PCI bus ids to map "
+                                     f"NVML devices onto CUDA ({_one_line(exc)})"
+                                     ) from None
+        if len(nvml) != self.machine.n:
+            raise BackendUnavailable(f"cuda backend: NVML now lists {len(nvml)} "
+                                     f"device(s), the profile {self.machine.n}")
+        return map_by_bus_id(nvml, cuda)
+
+    def _fault_types(self) -> tuple[type[BaseException], ...]:
+        """CuPy's out-of-memory, runtime and driver error classes."""
+        cuda = self.cp.cuda
+        found = []
+        for owner, name in ((getattr(cuda, "memory", None), "OutOfMemoryError"),
+                            (getattr(cuda, "runtime", None), "CUDARuntimeError"),
+                            (getattr(cuda, "driver", None), "CUDADriverError")):
+            kind = getattr(owner, name, None)
+            if isinstance(kind, type) and issubclass(kind, BaseException):
+                found.append(kind)
+        return tuple(found)
 
     def close(self) -> None:
-        """Free cached modules, NCCL communicators and the memory pools."""
+        """Free cached modules, NCCL communicators, and the memory pools of every
+        device the backend used (a pool belongs to one device) and the pinned
+        pool."""
+        cp = self.cp
         self._modules.clear()
         for comms in self._comms.values():
             for comm in comms:
                 comm.destroy()
         self._comms.clear()
-        self.cp.get_default_memory_pool().free_all_blocks()
-        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+        pool = cp.get_default_memory_pool()
+        for ordinal in sorted(self._used):
+            # memory.pyx MemoryPool.free_all_blocks frees device_pool() only:
+            # the current device's.
+            with cp.cuda.Device(ordinal):
+                pool.free_all_blocks()
+        self._used.clear()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
 
     def __enter__(self) -> CudaBackend:
         return self
@@ -211,6 +505,15 @@ class CudaBackend:
                 self._modules[key] = module.get_function(name)
         return self._modules[key]
 
+    def _ordinal(self, g: int) -> int:
+        if g not in self.device_map:
+            seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = (f"CUDA_VISIBLE_DEVICES={seen} hides it" if seen is not None
+                   else "CUDA does not see it")
+            raise ExecutionError(f"device {self.machine.devices[g].label} has no "
+                                 f"CUDA ordinal: {why}")
+        return self.device_map[g]
+
     # -- running -------------------------------------------------------------
 
     def run(self, task: TaskSpec, decision: Decision, *,
@@ -219,9 +522,10 @@ class CudaBackend:
         entry_point(task)  # an unsupported dtype fails before any work
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
+        detail: dict[str, Any] = {}
         try:
-            result, per_dev, totals = self._timed(task, decision, inputs)
-            detail: dict[str, Any] = {"all_totals": totals}
+            (result, merge, spans), per_dev, totals = self._timed(task, decision,
+                                                                   inputs)
         except DeviceError as err:
             if not self.allow_replan:
                 raise
@@ -230,19 +534,27 @@ class CudaBackend:
             if not verdict.accepted:
                 raise ExecutionError(f"{err}; re-plan refused by "
                                      f"{verdict.summary()}") from err
-            result, per_dev, totals = self._timed(task, fallback, inputs)
-            detail = {"all_totals": totals, "replanned": {
-                "failed_device": err.device, "reason": str(err),
-                "decision": fallback.to_json()}}
+            (result, merge, spans), per_dev, totals = self._timed(task, fallback,
+                                                                   inputs)
+            detail["replanned"] = {"failed_device": err.device, "reason": str(err),
+                                   "decision": fallback.to_json()}
             decision = fallback
         ok, err_abs = None, None
         if verify:
             ok, err_abs = verify_output(task, result, w.reference(task, inputs))
-        metrics = ExecutionMetrics(
+        metrics = CudaMetrics(
             backend="cuda", measured=True,
             per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
             total_seconds=statistics.median(totals), verified=ok,
-            max_abs_error=err_abs, repeats=self.repeats)
+            max_abs_error=err_abs, repeats=self.repeats,
+            merge_requested=decision.comm_path, merge_path=merge.path,
+            merge_note=merge.note, peer_copies=merge.peer_copies)
+        detail.update(
+            all_totals=totals,
+            device_map={g: self.device_map[g] for g in decision.gpus
+                        if g in self.device_map},
+            pieces={g: [list(p) for p in pieces] for g, pieces in spans.items()},
+            overlap={g: overlapped(pieces) for g, pieces in spans.items()})
         return Result(output=result, metrics=metrics, task=task, decision=decision,
                       detail=detail)
 
@@ -255,123 +567,168 @@ class CudaBackend:
         return repeat_timed(once, self.warmup, self.repeats)
 
     def _once(self, task: TaskSpec, decision: Decision, inputs: Arrays):
-        """One run: queue every shard, wait, merge. Returns (result, times)."""
-        cp = self.cp
-        w = workload(task)
+        """One run: queue every shard, wait, merge.
+
+        Returns:
+            ``((result, merge, device -> spans), device -> busy seconds)``.
+        """
         bounds = split_rows(task.split_size, decision.shares)
         shards: list[_Shard] = []
-        for pos, (g, (lo, hi)) in enumerate(zip(decision.gpus, bounds, strict=True)):
-            if hi <= lo:
-                continue
-            try:
-                shards.append(self._launch(task, decision, inputs, pos, g, lo, hi))
-            except Exception as exc:
-                raise self._device_error(decision, bounds, pos, exc) from None
-        times: dict[int, float] = {}
-        for sh in shards:
-            try:
-                sh.stream.synchronize()
-                times[sh.g] = cp.cuda.get_elapsed_time(*sh.events) / 1e3
-            except Exception as exc:
-                raise self._device_error(decision, bounds, sh.pos, exc) from None
-            sh.keep.clear()  # staging buffers may go back to the pool now
-        if task.merge == "concat":
-            out = np.empty(w.output_shape(task, task.split_size),
-                           dtype=w.output_dtype(task))
-            for sh in shards:
-                rows = np.concatenate(sh.outputs) if len(sh.outputs) > 1 \
-                    else sh.outputs[0]
-                out[sh.lo:sh.hi] = from_device_dtype(rows, task.dtype)
-            return out, times
         try:
-            total = self._merge_sum(decision, shards)
-        except Exception as exc:
-            raise ExecutionError(f"{decision.comm_path} merge of decision "
-                                 f"{decision.config_hash[:12]} failed: "
-                                 f"{type(exc).__name__}: {exc!s:.160}") from None
-        return np.asarray(total).astype(w.output_dtype(task)), times
+            for pos, (g, (lo, hi)) in enumerate(zip(decision.gpus, bounds,
+                                                    strict=True)):
+                if hi <= lo:
+                    continue
+                sh = _Shard(pos, g, self._ordinal(g), lo, hi)
+                shards.append(sh)  # before queuing: a failure must wait for it
+                try:
+                    self._launch(task, decision, inputs, sh)
+                except Exception as exc:
+                    raise self._failure(decision, bounds, pos, exc) from None
+            times: dict[int, float] = {}
+            for sh in shards:
+                try:
+                    times[sh.g] = self._wait(sh)
+                except Exception as exc:
+                    raise self._failure(decision, bounds, sh.pos, exc) from None
+            result, merge = self._merge(task, decision, shards)
+            return (result, merge, {sh.g: sh.pieces for sh in shards}), times
+        except BaseException:
+            self._drain(shards)
+            raise
+        finally:
+            for sh in shards:  # after every wait: the pools may have them now
+                sh.release()
 
-    def _launch(self, task, decision, inputs, pos, g, lo, hi) -> _Shard:
-        """Queue one shard on device ``g``: copies, kernels, and (for sum merges)
-        the device-side sum of its pieces, between two timing events."""
+    def _drain(self, shards: list[_Shard]) -> None:
+        """Wait for everything queued on the shards' devices (the failure path:
+        nothing may go back to a pool while a queued copy or kernel uses it)."""
+        for ordinal in dict.fromkeys(sh.ordinal for sh in shards):
+            try:
+                self.cp.cuda.Device(ordinal).synchronize()
+            except Exception:  # a faulted device reports its error again; its
+                pass           # queued work is dead and there is nothing to wait
+
+    def _launch(self, task: TaskSpec, decision: Decision, inputs: Arrays,
+                sh: _Shard) -> None:
+        """Queue one shard on its device: per piece, host staging first, then
+        copies and kernels between two timing events; for sums, the device-side
+        sum of the shard's pieces."""
         cp = self.cp
         w = workload(task)
-        ordinal = self.device_map[g]
-        with cp.cuda.Device(ordinal):
-            kernel = self._kernel(ordinal, task, decision)
-            streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
-            start, stop, ready = cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event()
-            start.record(streams[0])
-            keep: list[Any] = []
-            fixed = {}
+        with cp.cuda.Device(sh.ordinal):
+            self._used.add(sh.ordinal)
+            kernel = self._kernel(sh.ordinal, task, decision)
+            sh.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+            first = sh.streams[0]
+            fixed: dict[str, Any] = {}
+            ready = None
             if task.kind == "matmul":  # B goes to the device once, first
-                b_host = w.shard_inputs(task, inputs, lo, hi)["B"]
-                fixed["B"] = _to_device(cp, b_host, task.dtype, streams[0], keep)
-            ready.record(streams[0])
-            pieces = (chunk_bounds(lo, hi, decision.chunk)
+                b_host = w.shard_inputs(task, inputs, sh.lo, sh.hi)["B"]
+                staged = _stage(cp, b_host, task.dtype, sh.keep)
+                start = self._event(first)
+                with first:
+                    fixed["B"] = _upload(cp, staged, first)
+                ready = self._event(first)
+                sh.spans.append((0, start, ready))
+                # Both streams read B: it stays referenced until both are
+                # synchronised, or its block could be handed out again.
+                sh.keep.append(fixed["B"])
+            pieces = (chunk_bounds(sh.lo, sh.hi, decision.chunk)
                       if decision.mode == "pipelined" and task.kind != "stencil"
-                      else [(lo, hi)])
+                      else [(sh.lo, sh.hi)])
             outputs = []
             for c, (a, b) in enumerate(pieces):
-                s = streams[c % 2]
-                if c % 2:
+                s = sh.streams[c % 2]
+                if c % 2 and ready is not None:
                     s.wait_event(ready)
-                piece = w.shard_inputs(task, inputs, a, b)
-                outputs.append(self._piece(task, kernel, piece, fixed, a, b,
-                                           decision.block, s, keep))
+                staged_piece = self._stage_piece(task, inputs, a, b, sh.keep)
+                start = self._event(s)  # after staging: device time only
+                outputs.append(self._piece(task, kernel, staged_piece, fixed, a, b,
+                                           decision.block, s))
+                sh.spans.append((c % 2, start, self._event(s)))
             if len(pieces) > 1:
-                joined = cp.cuda.Event()
-                joined.record(streams[1])
-                streams[0].wait_event(joined)
+                first.wait_event(self._event(sh.streams[1]))
             if task.merge == "sum":  # one partial per device, on the device
-                with streams[0]:
-                    acc = outputs[0]
-                    for extra in outputs[1:]:
-                        acc = acc + extra
-                outputs = [acc]
-            stop.record(streams[0])
-        return _Shard(pos, g, lo, hi, streams[0], (start, stop), outputs, keep)
+                # Partials made on the second stream are read on the first.
+                sh.keep.extend(outputs)
+                if len(outputs) > 1:
+                    start = self._event(first)
+                    with first:
+                        acc = outputs[0]
+                        for extra in outputs[1:]:
+                            acc = acc + extra
+                    sh.spans.append((0, start, self._event(first)))
+                    outputs = [acc]
+            sh.outputs = outputs
 
-    def _piece(self, task, kernel, piece, fixed, lo, hi, block, stream, keep):
-        """Copy in and launch one piece on ``stream``.
+    def _event(self, stream: Any) -> Any:
+        event = self.cp.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _stage_piece(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int,
+                     keep: list) -> dict[str, np.ndarray]:
+        """Host work for one piece: its inputs in pinned memory in the kernel's
+        layout, and the pinned buffer its rows come back into (concat)."""
+        cp = self.cp
+        piece = workload(task).shard_inputs(task, inputs, lo, hi)
+        rows = hi - lo
+        if task.kind == "matmul":
+            a = _stage(cp, piece["A"], task.dtype, keep)
+            return {"A": a, "out": _pinned(cp, (rows, task.dims["N"]), a.dtype, keep)}
+        if task.kind == "elementwise":
+            x = _stage(cp, piece["x"], task.dtype, keep)
+            return {"x": x, "y": _stage(cp, piece["y"], task.dtype, keep),
+                    "out": _pinned(cp, x.shape, x.dtype, keep)}
+        if task.kind == "reduce":
+            return {"x": _stage(cp, piece["x"], task.dtype, keep)}
+        if task.kind == "histogram":
+            return {"x": _stage(cp, piece["x"].astype(np.float32), "fp32", keep)}
+        u = _stage(cp, piece["u"], task.dtype, keep)
+        return {"u": u, "out": _pinned(cp, (rows, u.shape[1]), u.dtype, keep)}
+
+    def _piece(self, task, kernel, staged, fixed, lo, hi, block, stream):
+        """Queue one staged piece on ``stream``: copy in, launch, copy back.
 
         Returns the pinned host array its rows are being copied into (concat
         merges) or its partial result on the device (sum merges).
         """
         cp = self.cp
         rows = hi - lo
-        grid, blk = launch_geometry(task, rows, block)
         with stream:
             if task.kind == "matmul":
-                a = _to_device(cp, piece["A"], task.dtype, stream, keep)
+                a = _upload(cp, staged["A"], stream)
                 n, k = task.dims["N"], task.dims["K"]
                 c = cp.empty((rows, n), dtype=a.dtype)
-                kernel(grid, blk, (a, fixed["B"], c, np.int32(rows), np.int32(n),
-                                   np.int32(k)), stream=stream)
-                return _to_host(cp, c, stream)
+                for first, count, grid, blk in launch_plan(task, rows, block):
+                    part = slice(first, first + count)
+                    kernel(grid, blk, (a[part], fixed["B"], c[part], np.int32(count),
+                                       np.int32(n), np.int32(k)), stream=stream)
+                return _to_host(c, stream, staged["out"])
+            grid, blk = launch_geometry(task, rows, block)
             if task.kind == "elementwise":
-                x = _to_device(cp, piece["x"], task.dtype, stream, keep)
-                y = _to_device(cp, piece["y"], task.dtype, stream, keep)
+                x = _upload(cp, staged["x"], stream)
+                y = _upload(cp, staged["y"], stream)
                 out = cp.empty_like(x)
                 kernel(grid, blk, (np.float32(2.5), x, y, out, np.int64(rows)),
                        stream=stream)
-                return _to_host(cp, out, stream)
+                return _to_host(out, stream, staged["out"])
             if task.kind == "reduce":
-                x = _to_device(cp, piece["x"], task.dtype, stream, keep)
+                x = _upload(cp, staged["x"], stream)
                 partial = cp.zeros(grid[0], dtype=cp.float32)
                 kernel(grid, blk, (x, partial, np.int64(rows)), stream=stream)
                 return partial.sum(dtype=cp.float64).reshape(1)
             if task.kind == "histogram":
-                x = _to_device(cp, piece["x"].astype(np.float32), "fp32", stream,
-                               keep)
+                x = _upload(cp, staged["x"], stream)
                 bins = task.dims["B"]
                 counts = cp.zeros(bins, dtype=cp.uint32)
                 kernel(grid, blk, (x, counts, np.int64(rows), np.int32(bins)),
                        stream=stream)
                 return counts.astype(cp.int64)
             # stencil: T sweeps over the band, ping-pong between two buffers
-            u = _to_device(cp, piece["u"], task.dtype, stream, keep)
-            band_rows, width = piece["u"].shape
+            u = _upload(cp, staged["u"], stream)
+            band_rows, width = staged["u"].shape
             v = u.copy()
             g2, b2 = launch_geometry(task, band_rows, block)
             for _ in range(task.dims["T"]):
@@ -379,41 +736,134 @@ class CudaBackend:
                        stream=stream)
                 u, v = v, u
             first = lo - max(0, lo - task.dims["T"])
-            return _to_host(cp, cp.ascontiguousarray(u[first:first + rows]), stream)
+            return _to_host(cp.ascontiguousarray(u[first:first + rows]), stream,
+                            staged["out"])
+
+    def _wait(self, sh: _Shard) -> float:
+        """Wait for the shard's streams; its busy seconds (spans resolved)."""
+        cp = self.cp
+        for s in sh.streams:
+            s.synchronize()
+        ref = sh.spans[0][1]
+        sh.pieces = [(k, cp.cuda.get_elapsed_time(ref, a) / 1e3,
+                      cp.cuda.get_elapsed_time(ref, b) / 1e3) for k, a, b in sh.spans]
+        return busy_seconds((a, b) for _, a, b in sh.pieces)
+
+    def _failure(self, decision: Decision, bounds, pos: int,
+                 exc: Exception) -> ExecutionError:
+        """The error to raise for ``exc`` on shard ``pos``: a DeviceError for a
+        device fault (re-plannable), an ExecutionError for anything else."""
+        if isinstance(exc, ExecutionError):
+            return exc
+        g = decision.gpus[pos]
+        label = self.machine.devices[g].label
+        if is_device_fault(exc, self._faults):
+            kind = "out of memory" if isinstance(exc, MemoryError) else "device fault"
+            return DeviceError(g, label, pos, bounds[pos], decision.config_hash,
+                               f"{kind}: {_one_line(exc)}")
+        lo, hi = bounds[pos]
+        return ExecutionError(
+            f"shard {pos} (rows {lo}:{hi}) of decision "
+            f"{decision.config_hash[:12] or '(unhashed)'} on device {label} failed, "
+            f"not a device fault so no re-plan: {_one_line(exc)}")
+
+    # -- merging ---------------------------------------------------------------
+
+    def _merge(self, task: TaskSpec, decision: Decision,
+               shards: list[_Shard]) -> tuple[np.ndarray, _Merge]:
+        w = workload(task)
+        if task.merge == "concat":
+            out = np.empty(w.output_shape(task, task.split_size),
+                           dtype=w.output_dtype(task))
+            for sh in shards:
+                rows = np.concatenate(sh.outputs) if len(sh.outputs) > 1 \
+                    else sh.outputs[0]
+                out[sh.lo:sh.hi] = from_device_dtype(rows, task.dtype)
+            note = ("" if decision.comm_path == "host"
+                    else "concatenated rows are gathered on the host")
+            return out, _Merge("host", note)
+        try:
+            total, merge = self._merge_sum(decision, shards)
+        except Exception as exc:
+            raise ExecutionError(f"{decision.comm_path} merge of decision "
+                                 f"{decision.config_hash[:12]} failed: "
+                                 f"{_one_line(exc)}") from None
+        return np.asarray(total).astype(w.output_dtype(task)), merge
 
     def _merge_sum(self, decision: Decision, shards: list[_Shard]):
-        """Add the per-device partials on the decision's comm path."""
+        """Add the per-device partials; ``(host total, what ran)``."""
         cp = self.cp
         partials = [sh.outputs[0] for sh in shards]
-        if decision.comm_path == "host" or len(shards) == 1:
-            return np.sum([cp.asnumpy(p) for p in partials], axis=0)
-        ordinals = [self.device_map[sh.g] for sh in shards]
-        if decision.comm_path == "nccl" and self.nccl_ok:
-            return self._nccl_allreduce(partials, ordinals)
-        return self._peer_sum(partials, ordinals)
+        asked = decision.comm_path
+        if asked == "host" or len(shards) == 1:
+            note = "" if asked == "host" else "one shard: nothing to add on a device"
+            return np.sum([cp.asnumpy(p) for p in partials], axis=0), \
+                _Merge("host", note)
+        ordinals = [sh.ordinal for sh in shards]
+        note = ""
+        if asked == "nccl":
+            if not self.nccl_ok:
+                note = f"nccl asked for, peer copies ran: {self.nccl_reason}"
+            elif len(set(ordinals)) < len(ordinals):
+                note = ("nccl asked for, peer copies ran: shards share a device "
+                        "and NCCL takes one rank per device")
+            else:
+                return self._nccl_allreduce(partials, ordinals), _Merge("nccl")
+        total, copies = self._peer_sum(partials, ordinals)
+        return total, _Merge("p2p", note, copies)
+
+    def _peer_access(self, lead: int, other: int) -> bool:
+        """Whether ``lead`` can read ``other``'s memory directly, enabling the
+        access the first time (cached per pair)."""
+        key = (lead, other)
+        if key not in self._peers:
+            runtime = self.cp.cuda.runtime
+            can = bool(runtime.deviceCanAccessPeer(lead, other))
+            if can:
+                with self.cp.cuda.Device(lead):
+                    try:
+                        runtime.deviceEnablePeerAccess(other)
+                    except runtime.CUDARuntimeError as exc:
+                        # runtime.pyx _deviceEnsurePeerAccess: already enabled is
+                        # success (check_status has cleared the error state).
+                        if getattr(exc, "status", None) != \
+                                runtime.errorPeerAccessAlreadyEnabled:
+                            raise
+            self._peers[key] = can
+        return self._peers[key]
 
     def _peer_sum(self, partials, ordinals):
-        """Peer copies to the first device (through the host where no peer
-        access exists), added there, one copy out."""
+        """Partials copied to the first device (peer to peer with access
+        enabled, else through the host; a partial already there is added in
+        place), added there, one copy out."""
         cp = self.cp
         lead = ordinals[0]
+        copies: list[tuple[int, int, bool]] = []
         with cp.cuda.Device(lead):
             acc = partials[0].copy()
             for arr, o in zip(partials[1:], ordinals[1:], strict=True):
-                if cp.cuda.runtime.deviceCanAccessPeer(lead, o):
+                if o == lead:
+                    acc += arr
+                    continue
+                if self._peer_access(lead, o):
                     tmp = cp.empty_like(arr)
                     cp.cuda.runtime.memcpyPeer(tmp.data.ptr, lead, arr.data.ptr, o,
                                                arr.nbytes)
+                    copies.append((o, lead, True))
                 else:
                     tmp = cp.asarray(cp.asnumpy(arr))
+                    copies.append((o, lead, False))
                 acc += tmp
-            return cp.asnumpy(acc)
+            return cp.asnumpy(acc), tuple(copies)
 
     def _nccl_allreduce(self, partials, ordinals):
         """NCCL ring all-reduce of the partials in place; the first device's copy
         comes back to the host."""
+        # cupy.cuda offers no ``nccl`` attribute until the submodule is imported
+        # (cupy/cuda/__init__.py __getattr__), so it is imported here.
+        from cupy.cuda import nccl
+
         cp = self.cp
-        nccl = cp.cuda.nccl
         kinds = {np.dtype(np.float64): nccl.NCCL_FLOAT64,
                  np.dtype(np.int64): nccl.NCCL_INT64}
         key = tuple(ordinals)
@@ -433,48 +883,49 @@ class CudaBackend:
         with cp.cuda.Device(ordinals[0]):
             return cp.asnumpy(partials[0])
 
-    def _device_error(self, decision, bounds, pos, exc) -> DeviceError:
-        g = decision.gpus[pos]
-        kind = "out of memory" if "OutOfMemory" in type(exc).__name__ else "error"
-        return DeviceError(g, self.machine.devices[g].label, pos, bounds[pos],
-                           decision.config_hash,
-                           f"{kind}: {type(exc).__name__}: {exc!s:.160}")
+
+def _pinned(cp, shape: tuple[int, ...], dtype: np.dtype, keep: list) -> np.ndarray:
+    """A pinned host array (kept in ``keep`` until the streams are waited for)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    buf = cp.cuda.alloc_pinned_memory(max(1, count * np.dtype(dtype).itemsize))
+    out = np.frombuffer(buf, dtype, count).reshape(shape)
+    keep.append(out)
+    return out
 
 
-@dataclass
-class _Shard:
-    """One device's queued work: where its result is and what must stay alive."""
-
-    pos: int
-    g: int
-    lo: int
-    hi: int
-    stream: Any
-    events: tuple[Any, Any]
-    outputs: list[Any]
-    keep: list[Any]
-
-
-def _to_device(cp, host: np.ndarray, dtype: str, stream, keep: list):
-    """Pinned staging, then an asynchronous copy on ``stream``; the staging
-    buffer is appended to ``keep`` so it outlives the copy."""
+def _stage(cp, host: np.ndarray, dtype: str, keep: list) -> np.ndarray:
+    """``host`` in the kernel's layout, copied into pinned memory (host work)."""
     data = np.ascontiguousarray(to_device_dtype(host, dtype))
-    pinned = cp.cuda.alloc_pinned_memory(max(1, data.nbytes))
-    staged = np.frombuffer(pinned, data.dtype, data.size).reshape(data.shape)
+    staged = _pinned(cp, data.shape, data.dtype, keep)
     staged[...] = data
-    keep.append(pinned)
-    dev = cp.empty(data.shape, dtype=data.dtype)
+    return staged
+
+
+def _upload(cp, staged: np.ndarray, stream) -> Any:
+    """An asynchronous copy of a pinned array to a new device array on
+    ``stream`` (allocated in that stream's pool arena)."""
+    dev = cp.empty(staged.shape, dtype=staged.dtype)
     dev.set(staged, stream=stream)
     return dev
 
 
-def _to_host(cp, dev, stream) -> np.ndarray:
-    """An asynchronous copy into pinned host memory (valid after the stream
+def _to_host(dev, stream, out: np.ndarray) -> np.ndarray:
+    """An asynchronous copy into the pinned ``out`` (valid after the stream
     synchronises)."""
-    pinned = cp.cuda.alloc_pinned_memory(max(1, dev.nbytes))
-    out = np.frombuffer(pinned, dev.dtype, dev.size).reshape(dev.shape)
     dev.get(stream=stream, out=out, blocking=False)
     return out
+
+
+def _nvml_bus_ids() -> list[str]:
+    """NVML's PCI bus id of each device, by NVML index."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).busId
+                for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
 
 
 _GENERATOR: Any = None
@@ -487,8 +938,14 @@ def default_source_provider(task: TaskSpec, decision: Decision):
     Returns:
         ``(source, kernel name, options)``; architecture flags are left to
         ``cupy.RawModule``, which targets the current device.
+
+    Raises:
+        ExecutionError: the code-gen plane cannot be imported here.
     """
     global _GENERATOR
+    if CodeGenerator is None:
+        raise ExecutionError(f"no kernel source: {CODEGEN_MISSING}; pass a "
+                             "source_provider")
     if _GENERATOR is None:
         _GENERATOR = CodeGenerator(measure_resources=False)
     kernel = _GENERATOR.generate(task, decision, provider="template")

@@ -74,8 +74,9 @@ def _probe() -> CudaProbe:
         try:
             from cupy.cuda import nccl as _nccl
             nccl = bool(getattr(_nccl, "available", True))
-            if not nccl:
-                reasons.append("NCCL unavailable in this CuPy build")
+            if not nccl:  # cupy/cuda/nccl.py: libnccl.so.2 did not load
+                reasons.append("NCCL library not found by CuPy; pip install "
+                               "'nvidia-nccl-cu12>=2.18.1,<3'")
         except Exception as exc:
             reasons.append(f"NCCL unavailable ({_short(exc)})")
     if driver and count == 0:
