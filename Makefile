@@ -45,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 audit: $(STAMP)
-	$(BIN)/gpuhive security-audit
+	$(BIN)/gpuhive security-audit --end-to-end
 
 # A short end-to-end run: train a policy at the smoke budget into _build/demo,
 # then evaluate that policy against the baselines on the same machine.

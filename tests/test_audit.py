@@ -348,3 +348,23 @@ def test_to_text_has_a_line_per_family_benign_and_latency(report):
                          re.M), gate
     assert "missed intended" not in text
     assert "<-- miss" not in text
+
+
+@pytest.mark.slow
+def test_end_to_end_attacks_leave_no_trace_and_get_the_template():
+    """Attack answers through the whole plane: every one refused by the check
+    it was written for, its marker never on the host, and the benign answers
+    served (Gate 2a blinded where a case says so: the boundary holds alone)."""
+    from lib.security import sandbox
+
+    if sandbox.available() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.available()}")
+    report = audit.run_audit(repeats=1, end_to_end=True)
+    plane = [r for r in report.results if r.case.gate == "plane"]
+    adversarial = [r for r in plane if not r.case.benign]
+    assert len(adversarial) >= 10 and {r.case.family for r in adversarial} >= {
+        "plane-host-payload", "plane-runtime-hazard"}
+    for r in adversarial:
+        assert r.checks == (r.case.intended_check,), (r.case.id, r.checks)
+    assert all(r.accepted for r in plane if r.case.benign)
+    assert report.recall_by_gate["plane"] == 1.0

@@ -1,4 +1,5 @@
-"""``gpuhive security-audit``: the injection suite over the three gates."""
+"""``gpuhive security-audit``: the injection suite over the three gates, and
+with ``--end-to-end`` attack answers pushed through the whole plane."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "for a perfect score.")
     p.add_argument("--repeats", type=repeats_type, default=3,
                    help="gate calls per case (default: %(default)s)")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="also push attack answers through the whole code-generation "
+                        "plane (sandbox, NVRTC, the sanitizer spot check) and check "
+                        "no payload left a trace on the host (about half a minute)")
     add_seed(p, "run order and the flipped bytes")
     add_json(p)
     p.set_defaults(run=run)
@@ -29,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; exit 0 for a perfect score, else 1."""
     from lib.evaluation.audit import run_audit
 
-    report = run_audit(repeats=args.repeats, seed=args.seed)
+    report = run_audit(repeats=args.repeats, seed=args.seed,
+                       end_to_end=args.end_to_end)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

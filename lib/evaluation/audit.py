@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.codegen import CodeGenerator, KernelCache, plane
+from lib.contract import Decision, TaskSpec
 from lib.evaluation.audit_cases import GATES, AuditError, Case, load_cases
 from lib.evaluation.audit_tamper import TAMPERS, SealBench
 from lib.platform.machines import Machine, load_machine
@@ -47,10 +49,15 @@ from lib.platform.telemetry import busy
 from lib.security.gate1 import check_decision
 from lib.security.scan import check_compile_options, scan_source
 from lib.security.seal import Seal
-from lib.security.verdict import Verdict
+from lib.security.verdict import Verdict, Violation
 
 MACHINE = "hetero-4"
 """The machine the Gate 1 cases are written for (device indices, memory)."""
+PLANE_DIMS = {"elementwise": {"N": 1 << 16}, "reduce": {"N": 1 << 16},
+              "matmul": {"M": 256, "N": 256, "K": 256},
+              "stencil": {"H": 256, "W": 256, "T": 2},
+              "histogram": {"N": 1 << 16, "B": 64}}
+"""Task sizes of the plane's end-to-end cases (the spot check shrinks them)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,8 @@ class AuditReport:
         out = {}
         for gate in GATES:
             adv = [r for r in self.adversarial if r.case.gate == gate]
-            out[gate] = _ratio(sum(r.caught for r in adv), len(adv))
+            if adv:  # the plane's end-to-end cases run only when asked for
+                out[gate] = _ratio(sum(r.caught for r in adv), len(adv))
         return out
 
     @property
@@ -226,7 +234,7 @@ class AuditReport:
         lines += [f"  refused: {r.case.id} by {', '.join(r.checks)}"
                   for r in refused]
         by_gate = self.recall_by_gate
-        lines += ["", "recall " + "  ".join(f"{g} {by_gate[g]:.3f}" for g in GATES)
+        lines += ["", "recall " + "  ".join(f"{g} {v:.3f}" for g, v in by_gate.items())
                   + f"  overall {self.recall:.3f}; intended accuracy "
                   f"{self.intended_accuracy:.3f}"]
         misses = [r for r in adv if not r.intended_hit]
@@ -270,6 +278,8 @@ def _gate_call(case: Case, machine: Machine, bench: SealBench,
         if "options" in p:
             return lambda: check_compile_options(p["options"])
         return lambda: scan_source(p["source"], p["kernel"])
+    if case.gate == "plane":
+        return _plane_call(case, root / "plane" / case.id)
     folder = root / "cache" / case.id
     folder.mkdir(parents=True)
     try:
@@ -279,13 +289,63 @@ def _gate_call(case: Case, machine: Machine, bench: SealBench,
         raise AuditError(f"case {case.id}: {exc}") from exc
 
 
+@dataclass
+class _Answer:
+    """A provider that answers with fixed text (an LLM's answer, replayed)."""
+
+    text: str
+    name: str = "audit"
+    model: str = "fixed"
+    label: str = "LLM"
+
+    def ask(self, prompt: str, task: TaskSpec) -> str:
+        return f"```cuda\n{self.text}\n```"
+
+
+def _accept_everything(source: str, entry: str | None = None) -> Verdict:
+    return Verdict("gate2a", [])
+
+
+def _plane_call(case: Case, folder: Path) -> Callable[[], Verdict]:
+    """The answer of ``case`` through the whole code-generation plane, as a
+    gate: the checks are those that refused it (``plane.<check>``), none when
+    it was served. A payload that left its marker on the host counts as
+    served (a miss), whatever refused it afterwards: the boundary failed."""
+    p = case.payload
+    folder.mkdir(parents=True, mode=0o700)
+    marker = folder / "host-marker"
+    task = TaskSpec(p["kind"], PLANE_DIMS[p["kind"]], p["dtype"])
+    decision = Decision((0,), (1.0,), task.split_size, 128,
+                        "single").with_hash(task)
+    answer = _Answer(p["answer"].replace("${marker}", str(marker)))
+
+    def call() -> Verdict:
+        gen = CodeGenerator(cache=KernelCache(folder / "kernels",
+                                              folder / "keys" / "seal.key"),
+                            spot_runner="emulated", measure_resources=False)
+        saved = plane.scan_source
+        if p["blind_scanner"]:
+            plane.scan_source = _accept_everything
+        try:
+            kernel = gen.generate(task, decision, answer)
+        finally:
+            plane.scan_source = saved
+        if marker.exists():
+            return Verdict("plane", [])
+        return Verdict("plane", [Violation(f"plane.{c}", why) for c, why in
+                                 zip(kernel.refused_by, kernel.reasons,
+                                     strict=True)])
+    return call
+
+
 def _percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in [0, 100]) of non-empty ``values``."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
+def run_audit(repeats: int = 3, seed: int = 0,
+              end_to_end: bool = False) -> AuditReport:
     """Run every case through its gate ``repeats`` times.
 
     Args:
@@ -295,6 +355,9 @@ def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
         seed: seeds the run order (shuffled per repeat) and the byte flipped
             by the ``flip_random_binary_bit`` tamper; no result should depend
             on it.
+        end_to_end: also push the ``plane`` cases through the whole
+            code-generation plane (seconds each: a sandboxed compile, an
+            emulated build under the sanitizers), once each.
 
     Returns:
         An :class:`AuditReport`. Gate 2b keys and entries live in a temporary
@@ -308,6 +371,8 @@ def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     cases, notes = load_cases()
+    if not end_to_end:
+        cases = [c for c in cases if c.gate != "plane"]
     rng = random.Random(seed)
     machine = load_machine(MACHINE)
     with tempfile.TemporaryDirectory(prefix="gpuhive-audit-") as tmp:
@@ -324,9 +389,11 @@ def run_audit(repeats: int = 3, seed: int = 0) -> AuditReport:
         checks: list[list[tuple[str, ...]]] = [[] for _ in cases]
         seconds: list[list[float]] = [[] for _ in cases]
         order = list(range(len(cases)))
-        for _ in range(repeats):
+        for n in range(repeats):
             rng.shuffle(order)
             for i in order:
+                if n and cases[i].gate == "plane":
+                    continue  # end to end once: seconds, not microseconds
                 start = time.perf_counter()
                 verdict = calls[i]()
                 seconds[i].append(time.perf_counter() - start)

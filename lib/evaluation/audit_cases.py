@@ -3,7 +3,8 @@
 Every ``*.yaml`` file in :data:`CASES_DIR` is read (in name order) with
 ``yaml.safe_load``. A file is a mapping:
 
-- ``gate``: which gate its cases go to (``gate1``, ``gate2a`` or ``gate2b``);
+- ``gate``: which gate its cases go to (``gate1``, ``gate2a``, ``gate2b``, or
+  ``plane``: an answer pushed end to end through the code-generation plane);
 - ``adversarial``: a list of cases the gate must refuse, each naming the one
   check meant to catch it (``check``);
 - ``benign``: a list of controls the gate must accept (no ``check``);
@@ -39,7 +40,7 @@ from lib.codegen.specialise import KERNELS_DIR, single_kernel
 from lib.contract import Decision, TaskSpec
 from lib.evaluation.audit_tamper import TAMPERS, flip_hex
 
-GATES = ("gate1", "gate2a", "gate2b")
+GATES = ("gate1", "gate2a", "gate2b", "plane")
 #: Where the case files live (shipped with the package).
 CASES_DIR = Path(__file__).resolve().with_name("cases")
 #: Gate 1 placeholders: the base decision's hash for the base task, as is, in
@@ -68,7 +69,10 @@ class Case:
             machine's NCCL flag). Gate 2a: ``source`` and ``kernel`` (the
             expected kernel name), or ``options``. Gate 2b: ``tamper``, a key
             of :data:`~lib.evaluation.audit_tamper.TAMPERS`, and ``args``, its
-            arguments.
+            arguments. Plane: ``answer`` (an LLM's answer, ``${marker}``
+            standing for a host path the payload must never create), ``kind``
+            and ``dtype`` of the task, and ``blind_scanner`` (Gate 2a accepts
+            everything, so the sandbox and the spot check must hold alone).
         benign: a control that must be accepted.
         note: why the case is what it is, when that is not obvious.
     """
@@ -86,17 +90,20 @@ class Case:
 # The keys a file and a case may have
 
 _SECTIONS = ("adversarial", "benign")
-_FILE_KEYS = {"gate1": {"tasks", "base_decision"}, "gate2a": set(), "gate2b": set()}
+_FILE_KEYS = {"gate1": {"tasks", "base_decision"}, "gate2a": set(), "gate2b": set(),
+              "plane": set()}
 _CASE_KEYS = {"id", "family", "check", "note"}
 #: Per gate: the keys of which a case has exactly one (its payload's form),
 #: and the keys it may add.
 _FORMS = {"gate1": ("decision", "object", "text", "value"),
           "gate2a": ("source", "options", "project_kernel"),
-          "gate2b": ("tamper",)}
+          "gate2b": ("tamper",),
+          "plane": ("answer",)}
 _EXTRAS = {"gate1": {"rehash", "drop", "task", "hashed_for", "healthy", "free",
                      "nccl", "repeat"},
            "gate2a": {"kernel", "as_bytes", "repeat"},
-           "gate2b": {"args"}}
+           "gate2b": {"args"},
+           "plane": {"kind", "dtype", "blind_scanner"}}
 #: Keys that only go with one form.
 _ONLY_WITH = {"rehash": "decision", "drop": "object", "kernel": "source"}
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_]\w*)\}")
@@ -278,6 +285,14 @@ def _gate2b_payload(where: _Where, case: Mapping[str, Any]) -> dict[str, Any]:
             "args": _expect(where, case.get("args", {}), dict, "args")}
 
 
+def _plane_payload(where: _Where, case: Mapping[str, Any]) -> dict[str, Any]:
+    return {"answer": _expect(where, case["answer"], str, "answer"),
+            "kind": _expect(where, case.get("kind", "elementwise"), str, "kind"),
+            "dtype": _expect(where, case.get("dtype", "fp32"), str, "dtype"),
+            "blind_scanner": _expect(where, case.get("blind_scanner", False), bool,
+                                     "blind_scanner")}
+
+
 # ---------------------------------------------------------------------------
 # Reading
 
@@ -337,6 +352,8 @@ def _case(where: _Where, gate: str, row: Mapping[str, Any], benign: bool,
         payload, note = built[0], note or built[1]
     elif gate == "gate2a":
         payload = _gate2a_payload(where, row)
+    elif gate == "plane":
+        payload = _plane_payload(where, row)
     else:
         payload = _gate2b_payload(where, row)
     return Case(row["id"], gate, row["family"], row.get("check"), payload,
