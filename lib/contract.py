@@ -91,8 +91,8 @@ MERGES: tuple[str, ...] = ("concat", "sum")
 MODES: tuple[str, ...] = ("single", "split", "pipelined")
 COMM_PATHS: tuple[str, ...] = ("host", "p2p", "nccl")
 #: Execution backends: ``model`` PREDICTS with the cost model; the others MEASURE.
-BACKENDS: tuple[str, ...] = ("model", "cpu", "cuda")
-MEASURING_BACKENDS: tuple[str, ...] = ("cpu", "cuda")
+BACKENDS: tuple[str, ...] = ("model", "cpu", "cuda", "dask")
+MEASURING_BACKENDS: tuple[str, ...] = ("cpu", "cuda", "dask")
 #: Block sizes (threads per block) a policy chooses from, and the default.
 BLOCKS: tuple[int, ...] = (64, 128, 256, 512, 1024)
 DEFAULT_BLOCK = 256

@@ -11,7 +11,9 @@ from lib.cli.common import DEFAULT_MACHINE, add_json, emit, repeats_type
 HELP = "benchmarks that print figures: optimum search, cache hit, env steps/s, " \
        "PPO update, decision latency"
 #: The benchmarks ``--what`` chooses from, in the order they run.
-BENCHMARKS: tuple[str, ...] = ("optimum", "cache", "env", "ppo", "latency")
+BENCHMARKS: tuple[str, ...] = ("optimum", "cache", "env", "ppo", "latency", "dask")
+#: What runs without --what: all but dask, which starts a local Dask cluster.
+DEFAULT_BENCHMARKS = [b for b in BENCHMARKS if b != "dask"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,10 +22,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "bench", help=HELP,
         description="Time the exhaustive optimum search, a kernel cache hit, "
                     "environment steps, a PPO update and decision latency on "
-                    "this computer, each against its goal.")
-    p.add_argument("--what", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS,
-                   metavar="NAME", help=f"the benchmarks to run, of "
-                                        f"{', '.join(BENCHMARKS)} (default: all)")
+                    "this computer, each against its goal; with --what dask, the "
+                    "dask backend against the cpu backend on the same cores.")
+    p.add_argument("--what", nargs="+", default=DEFAULT_BENCHMARKS,
+                   choices=BENCHMARKS, metavar="NAME",
+                   help=f"the benchmarks to run, of {', '.join(BENCHMARKS)} "
+                        "(default: all but dask, which starts a local cluster and "
+                        "times the same decision on the cpu and dask backends)")
     p.add_argument("--repeats", type=repeats_type, default=20,
                    help="repeats of each timing; the benchmarks scale their own "
                         "counts from it (default: %(default)s)")
@@ -85,5 +90,13 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"decision latency, optimize incl. Gate 1 on fresh tasks "
                      f"(goal: p50 <= 100 us, p99 <= 1 ms): p50 {lat['p50_us']:.0f} "
                      f"us, p99 {lat['p99_us']:.0f} us")
+    if "dask" in want:
+        from lib.execution.dask_measure import benchmark as dask_benchmark
+        from lib.execution.dask_measure import benchmark_lines as dask_lines
+
+        figures = dask_benchmark(repeats=max(3, args.repeats // 4),
+                                 tiny_repeats=max(20, args.repeats))
+        out["dask"] = figures
+        lines += dask_lines(figures)
     emit(args, out, "\n".join(lines))
     return 0

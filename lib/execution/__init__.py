@@ -1,9 +1,10 @@
-"""The execution plane: three backends behind one interface.
+"""The execution plane: four backends behind one interface.
 
 ``get_backend(name, machine) -> backend``; ``backend.run(task, decision,
 verify=False) -> Result``. ``model`` predicts (PREDICTED), ``cpu`` runs real
 worker processes on this computer's cores (MEASURED), ``cuda`` runs on GPUs
-(MEASURED) where a CUDA stack exists.
+(MEASURED) where a CUDA stack exists, ``dask`` runs on the workers of a Dask
+cluster (MEASURED; machines ``dask://HOST:PORT`` and ``dask-local:N``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from lib.execution.base import (
 )
 from lib.execution.cpu import CpuBackend
 from lib.execution.cuda import CudaBackend
+from lib.execution.dask import DaskBackend
 from lib.execution.model import ModelBackend
 from lib.platform.machines import Machine
 
 __all__ = [
     "BACKENDS", "Backend", "BackendUnavailable", "CpuBackend", "CudaBackend",
-    "DeviceError", "ExecutionError", "ExecutionMetrics", "ModelBackend", "Result",
-    "get_backend",
+    "DaskBackend", "DeviceError", "ExecutionError", "ExecutionMetrics",
+    "ModelBackend", "Result", "get_backend",
 ]
 
 
@@ -44,4 +46,6 @@ def get_backend(name: str, machine: Machine, **options: Any) -> Backend:
         return CpuBackend(machine, **options)
     if name == "cuda":
         return CudaBackend(machine, **options)
+    if name == "dask":
+        return DaskBackend(machine, **options)
     raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

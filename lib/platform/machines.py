@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -81,6 +81,10 @@ LINK_KINDS: dict[str, tuple[float, float]] = {
     "pcie5": (64 * GB, 6e-6),
     "nvlink": (300 * GB, 3e-6),
     "shm": (8 * GB, 50e-6),
+    # between processes of one host, and between hosts (estimates until
+    # lib.execution.dask_measure.characterise_network measures them)
+    "loopback": (2 * GB, 100e-6),
+    "network": (1.25 * GB, 200e-6),
 }
 
 
@@ -377,7 +381,7 @@ def nvml_machine() -> Machine:
         for i in range(count):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             raw = pynvml.nvmlDeviceGetName(handle)
-            model = _catalog_name(raw.decode() if isinstance(raw, bytes) else raw)
+            model = catalog_name(raw.decode() if isinstance(raw, bytes) else raw)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total
             dev = catalog_device(i, model, note=f"datasheet for {model}; memory "
                                                 f"read through NVML")
@@ -392,7 +396,7 @@ def nvml_machine() -> Machine:
     )
 
 
-def _catalog_name(nvml_name: str) -> str:
+def catalog_name(nvml_name: str) -> str:
     """Map an NVML product name (``"NVIDIA H100 80GB HBM3"``) onto the catalog."""
     text = nvml_name.upper()
     rules = [("H200", "H200 SXM"), ("H100 PCIE", "H100 PCIe"), ("H100", "H100 SXM"),
@@ -411,6 +415,11 @@ def _catalog_name(nvml_name: str) -> str:
 # Registry
 
 _BUILT = {"local-cpu": local_cpu_machine, "nvml": nvml_machine}
+
+#: Name prefix -> the function that builds such a machine, registered by the
+#: module that owns the prefix (``dask://`` and ``dask-local:`` by
+#: :mod:`lib.platform.dask_cluster`, which imports this module).
+RESOLVERS: dict[str, Callable[[str], Machine]] = {}
 
 
 def list_machines() -> list[str]:
@@ -460,6 +469,9 @@ def load_machine(name: str | Path | Machine) -> Machine:
     """
     if isinstance(name, Machine):
         return name
+    for prefix, resolve in RESOLVERS.items():
+        if isinstance(name, str) and name.startswith(prefix):
+            return resolve(name)
     if isinstance(name, Path) or (isinstance(name, str) and (
             "/" in name or name.endswith(".json"))):
         path = Path(name).expanduser()
