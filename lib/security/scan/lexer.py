@@ -1,7 +1,7 @@
 """Gate 2a, layer 1: raw characters and tokens, the way a compiler reads them.
 
 - :func:`decode` (layer 1a) checks the type, size and encoding of a source and
-  returns its text with ``\\n`` newlines.
+  returns its text with ``\\n`` newlines, without a leading byte-order mark.
 - :func:`raw_checks` (layer 1b) refuses characters that are wrong anywhere,
   comments and strings included: bidirectional and control characters, and
   trigraphs.
@@ -74,17 +74,27 @@ class Tok:
         return t
 
 
-def match_parens(toks: list[Tok]) -> list[int]:
-    """For each ``(``, the index of its ``)`` (-1 when unmatched); linear."""
+_OPENERS = {"(": ")", "[": "]", "{": "}"}
+_CLOSERS = frozenset(_OPENERS.values())
+_LONE_CR_RE = re.compile(r"\r(?!\n)")
+
+
+def match_brackets(toks: Sequence[Tok]) -> list[int]:
+    """For each ``(``, ``[`` and ``{``, the index of its closer, and for each
+    closer the index of its opener (-1 when unmatched); linear.
+
+    A closer that does not match the innermost opener is left unmatched.
+    """
     match = [-1] * len(toks)
     stack: list[int] = []
     for i, t in enumerate(toks):
         if t.kind != "punct":
             continue
-        if t.text == "(":
+        if t.text in _OPENERS:
             stack.append(i)
-        elif t.text == ")" and stack:
-            match[stack.pop()] = i
+        elif t.text in _CLOSERS and stack and _OPENERS[toks[stack[-1]].text] == t.text:
+            j = stack.pop()
+            match[j], match[i] = i, j
     return match
 
 
@@ -128,6 +138,16 @@ def decode(source: object, max_bytes: int, rep: Report) -> str | None:
         rep.add("bytes.type", f"source must be str or bytes, got "
                 f"{type(source).__name__}", None)
         return None
+    # A byte-order mark opens many editors' UTF-8 files; it is not text.
+    text = text.removeprefix("\ufeff")
+    for n, m in enumerate(_LONE_CR_RE.finditer(text)):
+        if n >= MAX_PER_CHECK:
+            break
+        # g++ ends a line at a lone CR, NVRTC does not: the two would read
+        # different directives and comments.
+        rep.add("bytes.control", "carriage return not followed by a line feed "
+                "(g++ ends a line there, NVRTC does not)",
+                _line_at(text, m.start()) + n)
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

@@ -5,6 +5,8 @@ fixed flags in :data:`_FIXED_OPTIONS`, an architecture in
 :data:`ARCH_RANGE`, and ``-DNAME=VALUE`` with a plain name and an integer or
 one of :data:`DEFINE_TYPES`. Anything else could change what the compiler
 reads (``-include``, ``-Xcompiler``, ``-I``...), so it is refused.
+:func:`allowed_settings` reads, from the options this allowlist accepts, what
+the source scan needs: the macros they define and the architectures they name.
 """
 
 from __future__ import annotations
@@ -82,3 +84,29 @@ def check_compile_options(options: Sequence[str]) -> Verdict:
             continue
         rep.add("options.flag", f"option {shown} is not on the allowlist", None)
     return Verdict(GATE, rep.violations(), time.perf_counter() - start)
+
+
+def allowed_settings(options: object) -> tuple[dict[str, str], tuple[int, ...]]:
+    """The ``-DNAME=VALUE`` macros and the architectures among ``options``.
+
+    Only options :func:`check_compile_options` accepts count; anything else
+    (the wrong type included) is left out, for that check reports it.
+    """
+    defines: dict[str, str] = {}
+    archs: list[int] = []
+    if isinstance(options, str | bytes) or not isinstance(options, Sequence):
+        return defines, ()
+    try:
+        items = list(options)
+    except Exception:  # a hostile sequence: check_compile_options reports it
+        return defines, ()
+    lo, hi = ARCH_RANGE
+    for opt in items:
+        if not isinstance(opt, str):
+            continue
+        if (m := _ARCH_RE.fullmatch(opt)) is not None and lo <= int(m.group(1)) <= hi:
+            archs.append(int(m.group(1)))
+        elif (m := _DEFINE_RE.fullmatch(opt)) is not None and (
+                _DEFINE_VALUE_RE.fullmatch(m.group(2)) or m.group(2) in DEFINE_TYPES):
+            defines[m.group(1)] = m.group(2)
+    return defines, tuple(archs)

@@ -1,41 +1,75 @@
-"""Gate 2a, layer 2: directives and macro expansion, over every branch.
+"""Gate 2a, layer 2: directives and macro expansion, per compiler configuration.
 
-:class:`Preprocessor` reads the tokens of one source. Its
-:meth:`~Preprocessor.preprocess` checks each directive (``#include``
-allowlist, ``#pragma``, ``#line``, reserved names...) and records each
-``#define``/``#undef`` in a versioned macro table, without evaluating
-``#if``: every branch is kept, and a macro defined differently in different
-branches keeps every definition. :meth:`~Preprocessor.expand` then expands
-macros the way the compiler would (Prosser's algorithm with hide sets, ``#``
-and ``##``) with the last definition, and hands each use expanded with an
-earlier, alternative definition to a callback, so the token checks see every
-text the compiler could be made to read. Expansion is bounded: past the
-token budget or the nesting limit it raises :class:`BudgetSpent`.
+:class:`Preprocessor` reads the tokens of one source in two ways.
+
+- :meth:`~Preprocessor.scan_directives` checks every directive as written, in
+  every branch, taken or not (``#include`` allowlist, ``#pragma``, ``#line``,
+  reserved names, the nesting of conditionals), and records them.
+- :meth:`~Preprocessor.runs` then reads the source once per
+  :class:`~lib.security.scan.conditions.Configuration` (NVRTC for each target
+  architecture, the host build) the way that compiler will: ``#if``,
+  ``#ifdef``, ``#elif``... are decided under its predefined macros, and a
+  ``#define`` or ``#undef`` counts only in a branch it takes. A conditional
+  the scanner cannot decide (a reserved name it does not know, a version
+  number, ``__has_builtin``) is read both ways, each a separate run. Runs
+  that take the same branches are read once. Each :class:`Run` holds the
+  code tokens that compiler sees and the macro table in force at each.
+
+:meth:`~Preprocessor.expand` expands macros the way the compiler does
+(Prosser's algorithm with hide sets, ``#`` and ``##``). Its cost is bounded
+before it is paid: each argument is expanded once per use of the macro,
+every token is charged to the run's budget before it is built, and one use
+may produce at most :data:`MAX_USE_TOKENS`; past either limit, or the nesting
+limit, it raises :class:`BudgetSpent`.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from lib.security.scan.conditions import (
+    UNDEFINED,
+    UNKNOWN,
+    Configuration,
+    evaluate,
+    is_constant_expression,
+)
 from lib.security.scan.lexer import Tok, lex
 from lib.security.scan.report import Report
 from lib.security.scan.rules import ALLOWED_INCLUDES, KEYWORDS
 
-#: Macro expansion may produce at most this many tokens plus
+#: A run's macro expansion may produce at most this many tokens plus
 #: ``EXPANSION_PER_TOKEN`` per source token; beyond that the source is refused.
 EXPANSION_BUDGET = 20_000
 EXPANSION_PER_TOKEN = 8
+#: All runs together may spend this many runs' budgets.
+TOTAL_BUDGET_RUNS = 4
+#: The most tokens one macro use may produce.
+MAX_USE_TOKENS = 8_192
 #: Deepest nesting of macro invocations inside macro arguments.
 MAX_NESTING = 64
+#: The most distinct runs scanned, and walks through the directives made,
+#: before the source is refused for having too many configurations.
+MAX_RUNS = 32
+MAX_WALKS = 64
+#: The most tokens (source items walked, expanded tokens checked) all runs
+#: together may cost, so that many runs of a large source stay fast.
+MAX_WALKED_ITEMS = 2_000_000
+MAX_CHECKED_TOKENS = 600_000
+
+_CONDITIONALS = frozenset({"if", "ifdef", "ifndef", "elif", "elifdef", "elifndef",
+                           "else", "endif"})
+_MISSING = object()  # no entry in the macro table: the configuration decides
 
 
 @dataclass(frozen=True)
 class Macro:
-    """One ``#define``: its parameters (``None`` when object-like), its body
-    tokens and the source line of the directive."""
+    """One ``#define`` (or ``-D`` option): its parameters (``None`` when
+    object-like), its body tokens and the source line of the directive."""
 
     name: str
     params: tuple[str, ...] | None  # None: object-like
@@ -43,13 +77,62 @@ class Macro:
     body: tuple[Tok, ...]
     line: int
 
-    def signature(self) -> tuple:
-        """What makes two definitions the same definition."""
-        return (self.params, self.variadic, tuple(t.text for t in self.body))
-
 
 class BudgetSpent(Exception):
-    """Raised inside expansion when the token budget is spent."""
+    """Raised inside expansion when a limit is reached; the message says which."""
+
+
+@dataclass
+class Directive:
+    """One directive: its kind (``define``, ``if``...; ``other`` for the
+    rest), its tokens from ``#`` to the end of the line, its line, and what
+    was read from it (the macro of a ``#define``, the name of an ``#undef``
+    or ``#ifdef``)."""
+
+    kind: str
+    toks: list[Tok]
+    line: int
+    macro: Macro | None = None
+    name: str | None = None
+
+
+@dataclass
+class Run:
+    """One reading of the source by one configuration.
+
+    ``forks`` are the choices made at conditionals the scanner could not
+    decide (``True``: taken), ``fork_lines`` their lines; ``decisions`` the
+    outcome of every conditional evaluated, in order; ``code`` the tokens in
+    the branches taken; ``pragmas`` the ``#pragma`` directives taken, with
+    the macro-table version at each.
+    """
+
+    config: Configuration
+    prefix: tuple[bool, ...]
+    forks: list[bool] = field(default_factory=list)
+    fork_lines: list[int] = field(default_factory=list)
+    decisions: list[bool] = field(default_factory=list)
+    code: list[Tok] = field(default_factory=list)
+    pragmas: list[tuple[Directive, int]] = field(default_factory=list)
+    history: dict = field(default_factory=dict)
+    over_budget: str | None = None
+
+    def choose(self, line: int) -> bool:
+        """The branch taken at an undecided conditional on ``line``."""
+        k = len(self.forks)
+        choice = self.prefix[k] if k < len(self.prefix) else False
+        self.forks.append(choice)
+        self.fork_lines.append(line)
+        return choice
+
+    @property
+    def label(self) -> str:
+        """The configuration, and the undecided conditionals' branches."""
+        if not self.forks:
+            return self.config.name
+        taken = ", ".join(f"line {n} {'taken' if c else 'not taken'}"
+                          for n, c in zip(self.fork_lines, self.forks, strict=True))
+        return f"{self.config.name} with #if at {taken}"
 
 
 def _stringize(arg: list[Tok], at: Tok) -> Tok:
@@ -75,70 +158,114 @@ def _paste(lhs: Tok, rhs: Tok) -> list[Tok]:
     return pasted
 
 
+def parse_define(d: Sequence[Tok]) -> Macro | None:
+    """The macro of the directive tokens ``# define NAME ...``, or None."""
+    if len(d) < 3 or d[2].kind != "id":
+        return None
+    name = d[2].text
+    params: tuple[str, ...] | None = None
+    variadic = False
+    k = 3
+    if k < len(d) and d[k].text == "(" and not d[k].ws:
+        plist: list[str] = []
+        k += 1
+        while k < len(d) and d[k].text != ")":
+            if d[k].text == "...":
+                variadic = True
+                plist.append("__VA_ARGS__")
+            elif d[k].kind == "id":
+                if k + 1 < len(d) and d[k + 1].text == "...":
+                    variadic = True
+                    k += 1
+                plist.append(d[k - 1].text if d[k].text == "..." else d[k].text)
+            k += 1
+        k += 1
+        params = tuple(plist)
+    return Macro(name, params, variadic, tuple(d[k:]), d[0].line)
+
+
 class Preprocessor:
-    """The directives and the macro table of one source, and its expansion.
+    """The directives of one source, its runs, and their macro expansion.
 
     Args:
         toks: every token of the source, as :func:`~lib.security.scan.lexer.lex`
-            made them (their ``ver`` is set by :meth:`preprocess`).
+            made them.
         spliced: the text the tokens were lexed from (``#include <...>`` reads
             the header name from it).
-        rep: where violations go.
-        on_alternative: called with the tokens of one macro use expanded with
-            an alternative definition, and a note naming that definition
-            (``"; alternative definition of 'M' from line 3"``).
+        rep: where violations found as written go.
+        defines: macros the compile options define (``-DNAME=VALUE``).
     """
 
     def __init__(self, toks: list[Tok], spliced: str, rep: Report,
-                 on_alternative: Callable[[list[Tok], str], None]) -> None:
+                 defines: Mapping[str, Macro] | None = None) -> None:
         self.rep = rep
         self.toks = toks
         self.spliced = spliced
-        self.on_alternative = on_alternative
-        # name -> (table versions, definitions in force from each version on)
-        self.history: dict[str, tuple[list[int], list[tuple[Macro, ...]]]] = {}
-        # while one alternative definition is expanded, it wins every lookup
-        self.override: tuple[str, Macro] | None = None
-        self.budget_total = EXPANSION_BUDGET + EXPANSION_PER_TOKEN * len(toks)
-        self.budget = self.budget_total
+        self.defines = dict(defines or {})
+        self.items: list[Tok | Directive] = []
+        self.macros: list[Macro] = []  # every #define, in every branch
+        self.run_budget = EXPANSION_BUDGET + EXPANSION_PER_TOKEN * len(toks)
+        self.total_left = TOTAL_BUDGET_RUNS * self.run_budget
+        self.budget = self._start_budget = self.run_budget
+        #: Tokens the checks of later runs may still read (the scanner
+        #: subtracts each run's expanded length).
+        self.checked_left = MAX_CHECKED_TOKENS
+        self.config: Configuration | None = None
+        self.history: dict[str, tuple[list[int], list[Macro | None]]] = {}
 
-    # ---- layer 2: directives -------------------------------------------------
-    def preprocess(self) -> list[Tok]:
-        """Handle directives (all branches); return the code tokens, in order."""
-        code: list[Tok] = []
+    # ---- layer 2: directives, as written -----------------------------------
+    def scan_directives(self) -> None:
+        """Check every directive in every branch; record directives and code."""
         toks, n = self.toks, len(self.toks)
-        ver = depth = 0
+        open_ifs: list[list] = []  # [line, seen #else]
         i = 0
         while i < n:
             t = toks[i]
-            if t.kind == "punct" and t.text == "#" and t.nl_any:
+            # A directive starts with '#' first on a line: only blanks and
+            # comments without a newline may precede it on that line.
+            if t.kind == "punct" and t.text == "#" and t.nl:
                 j = i + 1
-                while j < n and not toks[j].nl and not (
-                    toks[j].text == "#" and toks[j].nl_any and toks[j].kind == "punct"
-                ):
+                while j < n and not toks[j].nl:
                     j += 1
-                ver, depth = self.directive(toks[i:j], ver, depth)
+                d = self.directive(toks[i:j])
+                if d is not None:
+                    self._structure(d, open_ifs)
+                    self.items.append(d)
                 i = j
                 continue
             if t.kind == "punct" and t.text in ("#", "##"):
-                self.rep.add("pp.stray_hash", f"'{t.raw}' outside a directive", t.line)
-            t.ver = ver
-            code.append(t)
+                self.rep.add("pp.stray_hash", f"'{t.raw}' outside a directive",
+                             t.line)
+            self.items.append(t)
             i += 1
-        return code
+        for line, _ in open_ifs:
+            self.rep.add("pp.conditional", f"conditional opened on line {line} "
+                         "has no #endif", line)
 
-    def directive(self, d: list[Tok], ver: int, depth: int) -> tuple[int, int]:
-        """Check one directive ``d`` (from ``#`` to the end of its line).
+    def _structure(self, d: Directive, open_ifs: list[list]) -> None:
+        """Check the nesting of conditional directives."""
+        if d.kind in ("if", "ifdef", "ifndef"):
+            open_ifs.append([d.line, False])
+        elif d.kind in ("elif", "elifdef", "elifndef", "else", "endif"):
+            if not open_ifs:
+                self.rep.add("pp.conditional", f"#{d.kind} without #if", d.line)
+            elif d.kind == "endif":
+                open_ifs.pop()
+            elif open_ifs[-1][1]:
+                self.rep.add("pp.conditional", f"#{d.kind} after #else", d.line)
+            elif d.kind == "else":
+                open_ifs[-1][1] = True
 
-        ``ver`` is the macro-table version and ``depth`` the ``#if`` nesting
-        before it; returns both after it.
-        """
+    def directive(self, d: list[Tok]) -> Directive | None:
+        """Check one directive ``d`` (from ``#`` to the end of its line)."""
         rep = self.rep
         if len(d) == 1:
-            return ver, depth  # the null directive
+            return None  # the null directive
         name_tok = d[1]
         name = name_tok.text
         line = d[0].line
+        kind = name if name_tok.kind == "id" and name in _CONDITIONALS else "other"
+        out = Directive(kind, d, line)
         if name_tok.kind == "num":
             rep.add("pp.line", f"line marker '# {name}' is not allowed", line)
         elif name_tok.kind != "id":
@@ -151,26 +278,39 @@ class Preprocessor:
         elif name == "line":
             rep.add("pp.line", "'#line' is not allowed", line)
         elif name == "pragma":
-            words = [t.text for t in d[2:]]
-            ok = words == ["unroll"] or (
-                len(words) == 2 and words[0] == "unroll"
-                and re.fullmatch(r"[0-9]+|0[xX][0-9a-fA-F]+", words[1]) is not None
-            )
-            if not ok:
-                shown = " ".join(t.raw for t in d[2:])[:60]
-                rep.add("pp.pragma", f"'#pragma {shown}' is not allowed (only "
-                        "'#pragma unroll' and '#pragma unroll N')", line)
+            out.kind = "pragma"
+            self.pragma(d, line)
         elif name == "define":
-            ver = self.define(d, ver, depth)
+            macro = parse_define(d)
+            if macro is not None:
+                self._reserved(macro.name, "define", line)
+                # A forbidden name in a body is the macro's, in every branch.
+                for b in macro.body:
+                    b.origin = macro.name
+                self.macros.append(macro)
+                out.kind, out.macro = "define", macro
         elif name == "undef":
-            ver = self.undef(d, ver, depth)
-        elif name in ("if", "ifdef", "ifndef"):
-            depth += 1
-        elif name == "endif":
-            depth = max(0, depth - 1)
-        elif name not in ("elif", "else", "elifdef", "elifndef", "error", "warning"):
+            if len(d) >= 3 and d[2].kind == "id":
+                self._reserved(d[2].text, "undef", line)
+                out.kind, out.name = "undef", d[2].text
+        elif kind in ("ifdef", "ifndef", "elifdef", "elifndef"):
+            out.name = d[2].text if len(d) > 2 and d[2].kind == "id" else None
+        elif kind == "other" and name not in ("error", "warning"):
             rep.add("pp.directive", f"directive '#{name[:30]}' is not allowed", line)
-        return ver, depth
+        return out
+
+    def pragma(self, d: list[Tok], line: int) -> None:
+        """``#pragma``: only ``unroll``, alone or with one constant expression
+        (``#pragma unroll 4``, ``#pragma unroll UNROLL``, ``#pragma unroll
+        (TILE / 4)``); what a macro argument expands to is checked per run."""
+        args = d[3:]
+        if len(d) > 2 and d[2].text == "unroll" and (
+                not args or is_constant_expression(args)):
+            return
+        shown = " ".join(t.raw for t in d[2:])[:60]
+        self.rep.add("pp.pragma", f"'#pragma {shown}' is not allowed (only "
+                     "'#pragma unroll' and '#pragma unroll N', N a constant "
+                     "expression)", line)
 
     def include(self, d: list[Tok], line: int) -> None:
         """``#include``: only a header on the allowlist, named literally."""
@@ -201,114 +341,243 @@ class Preprocessor:
             self.rep.add("pp.define_reserved", f"'#{what} {name[:40]}' redefines a "
                          "keyword or reserved name", line)
 
-    def define(self, d: list[Tok], ver: int, depth: int) -> int:
-        """Record ``#define``; returns the new table version.
+    # ---- layer 2: runs, one per configuration and undecided branch ---------
+    def runs(self, configs: Sequence[Configuration]) -> Iterator[Run]:
+        """Each distinct reading of the source by ``configs``.
 
-        Inside an ``#if`` (``depth`` > 0) the definition is added to those
-        already in force, since the scanner does not know which branch the
-        compiler takes.
+        A run is yielded before the next walk, and the macro table and budget
+        are the run's until then (:meth:`expand` works on them). More than
+        :data:`MAX_RUNS` distinct runs, :data:`MAX_WALKS` walks, or more work
+        than :data:`MAX_WALKED_ITEMS` and :data:`MAX_CHECKED_TOKENS` allow,
+        are refused with ``pp.conditional``.
         """
-        if len(d) < 3 or d[2].kind != "id":
-            return ver
-        name = d[2].text
-        self._reserved(name, "define", d[0].line)
-        params: tuple[str, ...] | None = None
-        variadic = False
-        k = 3
-        if k < len(d) and d[k].text == "(" and not d[k].ws:
-            plist: list[str] = []
-            k += 1
-            while k < len(d) and d[k].text != ")":
-                if d[k].text == "...":
-                    variadic = True
-                    plist.append("__VA_ARGS__")
-                elif d[k].kind == "id":
-                    if k + 1 < len(d) and d[k + 1].text == "...":
-                        variadic = True
-                        k += 1
-                    plist.append(d[k - 1].text if d[k].text == "..." else d[k].text)
-                k += 1
-            k += 1
-            params = tuple(plist)
-        macro = Macro(name, params, variadic, tuple(d[k:]), d[0].line)
-        defs = self.lookup(name, ver)
-        if depth == 0:
-            new = (macro,)
-        elif any(m.signature() == macro.signature() for m in defs):
-            new = defs
+        names = {t.text for t in self.items if type(t) is Tok and t.kind == "id"}
+        names.update(b.text for m in self.macros for b in m.body if b.kind == "id")
+        relevant = sorted(n for n in names if any(n in c.defined for c in configs))
+        queue = deque((c, ()) for c in configs)
+        seen: set[tuple] = set()
+        walks = 0
+        overflow = False
+        while queue or overflow:
+            if (overflow or walks >= MAX_WALKS or len(seen) >= MAX_RUNS
+                    or (walks + 1) * len(self.items) > MAX_WALKED_ITEMS
+                    or self.checked_left <= 0):
+                self.rep.add("pp.conditional", "the conditionals give more "
+                             f"configurations than the scan reads ({len(seen)} "
+                             f"runs, {walks} walks); it stopped there", None)
+                return
+            config, prefix = queue.popleft()
+            walks += 1
+            run = self.walk(config, prefix)
+            for k in range(len(prefix), len(run.forks)):
+                if walks + len(queue) >= MAX_WALKS:
+                    overflow = True  # more than can be walked: refused
+                    break
+                queue.append((config, tuple(run.forks[:k]) + (True,)))
+            values = tuple(config.state(n) for n in relevant)
+            key = (tuple(run.decisions), values)
+            if key not in seen:
+                seen.add(key)
+                yield run
+            spent = self._start_budget - self.budget
+            self.total_left -= max(0, spent)
+
+    def walk(self, config: Configuration, prefix: tuple[bool, ...]) -> Run:
+        """Read the directives as ``config`` does, with ``prefix`` the choices
+        at the first undecided conditionals."""
+        run = Run(config, prefix)
+        self.config = config
+        self.history = run.history
+        self.budget = self._start_budget = max(0, min(self.run_budget,
+                                                      self.total_left))
+        for name, m in self.defines.items():
+            self._push(name, 0, m)
+        ver = 0
+        stack: list[list[bool]] = []  # [enclosing branch active, one taken]
+        active = True
+        code = run.code
+        for item in self.items:
+            if type(item) is Tok:
+                if active:
+                    item.ver = ver
+                    code.append(item)
+                continue
+            kind = item.kind
+            if kind in ("if", "ifdef", "ifndef"):
+                taken = active and self._decide(item, ver, run)
+                stack.append([active, taken])
+                active = taken
+            elif kind in ("elif", "elifdef", "elifndef"):
+                if not stack:
+                    continue
+                parent, done = stack[-1]
+                taken = parent and not done and self._decide(item, ver, run)
+                stack[-1][1] = done or taken
+                active = taken
+            elif kind == "else":
+                if stack:
+                    parent, done = stack[-1]
+                    active = parent and not done
+                    stack[-1][1] = True
+            elif kind == "endif":
+                if stack:
+                    active = stack.pop()[0]
+            elif not active:
+                continue
+            elif kind == "define":
+                ver += 1
+                self._push(item.macro.name, ver, item.macro)
+            elif kind == "undef":
+                ver += 1
+                self._push(item.name, ver, None)
+            elif kind == "pragma":
+                run.pragmas.append((item, ver))
+        return run
+
+    def _decide(self, d: Directive, ver: int, run: Run) -> bool:
+        """Whether the branch of conditional ``d`` is taken in ``run``."""
+        if d.kind in ("if", "elif"):
+            try:
+                value = self.condition(d.toks[2:], ver)
+            except BudgetSpent as exc:
+                run.over_budget = str(exc)
+                value = False
         else:
-            new = defs + (macro,)
-        return self._push(name, ver + 1, new)
+            value = self.defined(d.name, ver) if d.name is not None else None
+            if value is not None and d.kind in ("ifndef", "elifndef"):
+                value = not value
+        if value is None:
+            value = run.choose(d.line)
+        run.decisions.append(value)
+        return value
 
-    def undef(self, d: list[Tok], ver: int, depth: int) -> int:
-        """Record ``#undef``; returns the new table version."""
-        if len(d) < 3 or d[2].kind != "id":
-            return ver
-        self._reserved(d[2].text, "undef", d[0].line)
-        if depth:  # maybe undefined: the unexpanded text is scanned anyway
-            return ver
-        return self._push(d[2].text, ver + 1, ())
+    def defined(self, name: str, ver: int) -> bool | None:
+        """Whether macro ``name`` is defined at table version ``ver``."""
+        entry = self.lookup(name, ver)
+        if entry is not _MISSING:
+            return entry is not None
+        state = self.config.state(name)
+        return None if state == UNKNOWN else state != UNDEFINED
 
-    def _push(self, name: str, ver: int, defs: tuple[Macro, ...]) -> int:
+    def condition(self, toks: list[Tok], ver: int) -> bool | None:
+        """The value of an ``#if``/``#elif`` expression; None if unknown."""
+        out: list[Tok] = []
+        i, n = 0, len(toks)
+        while i < n:
+            t = toks[i]
+            if t.kind == "id" and t.text == "defined":
+                j = i + 1
+                paren = j < n and toks[j].text == "("
+                j += paren
+                if j >= n or toks[j].kind != "id":
+                    return None
+                value = self.defined(toks[j].text, ver)
+                j += 1
+                if paren:
+                    if j >= n or toks[j].text != ")":
+                        return None
+                    j += 1
+                kind, text = ("unknown", "?") if value is None else (
+                    "num", "1" if value else "0")
+                out.append(Tok(kind, text, text, t.pos, t.line, False, False, True))
+                i = j
+                continue
+            t.ver = ver
+            out.append(t)
+            i += 1
+        expanded = self.expand(out)
+        if any(t.kind == "id" and t.text == "defined" for t in expanded):
+            return None  # 'defined' made by a macro: compilers differ
+
+        def ident(name: str):
+            if self.lookup(name, ver) is not _MISSING:
+                return (0, False)  # a function-like macro not invoked
+            state = self.config.state(name)
+            if type(state) is int:
+                return (state, False)
+            return (0, False) if state == UNDEFINED else None
+
+        return evaluate(expanded, ident)
+
+    def _push(self, name: str, ver: int, macro: Macro | None) -> None:
         vers, states = self.history.setdefault(name, ([], []))
         vers.append(ver)
-        states.append(defs)
-        return ver
+        states.append(macro)
 
-    def lookup(self, name: str, ver: int) -> tuple[Macro, ...]:
-        """The definitions of ``name`` in force at table version ``ver``."""
-        if self.override is not None and self.override[0] == name:
-            return (self.override[1],)
+    def lookup(self, name: str, ver: int):
+        """The macro ``name`` at table version ``ver``: a Macro, None when
+        ``#undef``'d, or _MISSING when the source never touched it."""
         entry = self.history.get(name)
         if entry is None:
-            return ()
+            return _MISSING
         k = bisect.bisect_right(entry[0], ver)
-        return entry[1][k - 1] if k else ()
+        return entry[1][k - 1] if k else _MISSING
+
+    def pragma_arguments(self, run: Run) -> list[tuple[int, list[Tok]]]:
+        """The expanded arguments of each ``#pragma unroll`` that ``run``
+        takes, with its line (uses the run's table: call right after the run
+        is yielded)."""
+        found = []
+        for d, ver in run.pragmas:
+            args = d.toks[3:]
+            if not args or d.toks[2].text != "unroll":
+                continue
+            for a in args:
+                a.ver = ver
+            found.append((d.line, self.expand(args)))
+        return found
 
     # ---- layer 2b: macro expansion -------------------------------------------
     def spend(self, n: int) -> None:
         """Take ``n`` tokens from the budget; raise BudgetSpent when it is gone."""
         self.budget -= n
         if self.budget < 0:
-            raise BudgetSpent
+            raise BudgetSpent(f"macro expansion exceeds the budget of "
+                              f"{self.run_budget} tokens")
 
-    def expand(self, toks: list[Tok], sides: bool, nesting: int = 0) -> list[Tok]:
-        """Expand macros in ``toks`` (Prosser's algorithm, hide sets).
-
-        With ``sides``, each use of a macro that has alternative definitions
-        is also expanded with each of them and handed to ``on_alternative``.
-        """
+    def expand(self, toks: list[Tok], nesting: int = 0) -> list[Tok]:
+        """Expand macros in ``toks`` (Prosser's algorithm, hide sets) with the
+        current run's macro table; predefined integer macros of the run's
+        configuration (``__CUDA_ARCH__``...) become their value."""
         if nesting > MAX_NESTING:
-            raise BudgetSpent
+            raise BudgetSpent(f"macro arguments nest deeper than {MAX_NESTING}")
         out: list[Tok] = []
         pending = toks[::-1]
+        defined = self.config.defined if self.config is not None else {}
         while pending:
             t = pending.pop()
             if t.kind != "id" or t.text in t.hide:
                 out.append(t)
                 continue
-            defs = self.lookup(t.text, t.ver)
-            if not defs:
+            macro = self.lookup(t.text, t.ver)
+            if macro is _MISSING:
+                value = defined.get(t.text)
+                if t.text == "__LINE__" and t.text in defined:
+                    value = t.line
+                if type(value) is int:
+                    text = str(value)
+                    num = Tok("num", text, text, t.pos, t.line, False, False, t.ws)
+                    num.hide, num.origin, num.ver = t.hide, t.origin, t.ver
+                    out.append(num)
+                else:
+                    out.append(t)
+                continue
+            if macro is None or (macro.params is not None and (
+                    not pending or pending[-1].text != "("
+                    or pending[-1].kind != "punct")):
                 out.append(t)
                 continue
-            macro = defs[-1]
-            if sides:
-                for alt in defs[:-1]:
-                    self.side(t, alt, pending)
-            if macro.params is not None and (
-                not pending or pending[-1].text != "(" or pending[-1].kind != "punct"
-            ):
-                out.append(t)
-                continue
-            repl = self.invoke(t, macro, pending, sides, nesting)
-            self.spend(len(repl) + 1)
+            repl = self.invoke(t, macro, pending, nesting)
             pending.extend(reversed(repl))
         return out
 
-    def invoke(
-        self, t: Tok, m: Macro, pending: list[Tok], sides: bool, nesting: int
-    ) -> list[Tok]:
-        """Replace the use ``t`` of ``m``, taking its arguments off ``pending``."""
+    def invoke(self, t: Tok, m: Macro, pending: list[Tok], nesting: int) -> list[Tok]:
+        """Replace the use ``t`` of ``m``, taking its arguments off ``pending``.
+
+        Every token of the replacement is charged to the budget before it is
+        added, so a macro that repeats a large argument is stopped at the
+        first use that reaches :data:`MAX_USE_TOKENS` or the budget.
+        """
         hide = t.hide | {m.name}
         origin = t.origin or m.name
         args: list[list[Tok]] = []
@@ -332,67 +601,60 @@ class Preprocessor:
             args.append(cur)
             self.spend(sum(len(a) for a in args))
         params = {p: k for k, p in enumerate(m.params or ())}
+        expanded: dict[int, list[Tok]] = {}
+        res: list[Tok | None] = []  # None is a placemarker
+        # Copying a token copies its hide set: charge for large ones too.
+        weight = 1 + len(hide) // 32
+
+        def add(pieces: Sequence[Tok | None], cost: int | None = None) -> None:
+            n = len(pieces) if cost is None else cost
+            if len(res) + n > MAX_USE_TOKENS:
+                raise BudgetSpent(f"one use of macro '{m.name[:40]}' expands to "
+                                  f"more than {MAX_USE_TOKENS} tokens")
+            self.spend(n * weight)
+            res.extend(pieces)
 
         def arg(name: str) -> list[Tok]:
             k = params[name]
             return args[k] if k < len(args) else []
 
+        def full(name: str) -> list[Tok]:
+            k = params[name]
+            if k not in expanded:
+                expanded[k] = self.expand(arg(name), nesting + 1)
+            return expanded[k]
+
         body = m.body
-        res: list[Tok | None] = []  # None is a placemarker
         i = 0
         while i < len(body):
             b = body[i]
             nxt = body[i + 1] if i + 1 < len(body) else None
             if b.text == "#" and b.kind == "punct" and nxt is not None \
                     and nxt.text in params:
-                res.append(_stringize(arg(nxt.text), b))
+                a = arg(nxt.text)
+                self.spend(len(a))
+                add([_stringize(a, b)])
                 i += 2
                 continue
             if b.text == "##" and b.kind == "punct" and res and nxt is not None:
                 rhs = list(arg(nxt.text)) if nxt.text in params else [nxt]
                 lhs = res.pop()
                 if lhs is None:
-                    res.extend(rhs or [None])
+                    add(rhs or [None])
                 elif not rhs:
                     res.append(lhs)
                 else:
-                    res.extend(_paste(lhs, rhs[0]))
-                    res.extend(rhs[1:])
+                    add(_paste(lhs, rhs[0]) + rhs[1:])
                 i += 2
                 continue
             if b.kind == "id" and b.text in params:
-                raw = arg(b.text)
                 if nxt is not None and nxt.text == "##":
-                    res.extend(raw or [None])
+                    add(arg(b.text) or [None])
                 else:
-                    res.extend(self.expand(raw, sides, nesting + 1))
+                    add(full(b.text))
                 i += 1
                 continue
-            res.append(b)
+            add([b])
             i += 1
         return [r.derive(t.line, hide | r.hide, origin, t.ver)
                 for r in res if r is not None]
-
-    def side(self, t: Tok, alt: Macro, pending: list[Tok]) -> None:
-        """Expand one use of ``t`` with an alternative definition ``alt``."""
-        take: list[Tok] = []
-        depth, extra = 0, 8
-        for a in reversed(pending):
-            take.append(a)
-            if len(take) > 4096:
-                break
-            if alt.params is not None and a.kind == "punct":
-                depth += {"(": 1, ")": -1}.get(a.text, 0)
-            if depth <= 0:
-                extra -= 1
-                if extra <= 0:
-                    break
-        self.spend(len(take) + 1)
-        saved, self.override = self.override, (t.text, alt)
-        try:
-            out = self.expand([t] + take, False)
-        finally:
-            self.override = saved
-        self.on_alternative(out, f"; alternative definition of '{t.text}' from "
-                            f"line {alt.line}")
-

@@ -15,10 +15,12 @@ MAX_PER_CHECK = 20
 
 
 class Report:
-    """Collects violations: deduplicated, at most MAX_PER_CHECK per check id."""
+    """Collects violations: deduplicated, at most ``limit`` per check id
+    (MAX_PER_CHECK; ``None``: all, for a report merged into another)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = MAX_PER_CHECK) -> None:
         self.found: list[Violation] = []
+        self.limit = limit
         self._seen: set[tuple] = set()
         self._count: dict[str, int] = {}
 
@@ -30,15 +32,17 @@ class Report:
         self._seen.add(key)
         n = self._count.get(check, 0) + 1
         self._count[check] = n
-        if n <= MAX_PER_CHECK:
+        if self.limit is None or n <= self.limit:
             self.found.append(Violation(check, message, line))
 
     def violations(self) -> tuple[Violation, ...]:
         """The listed findings in the order found, then one summary per check
-        id whose findings went over MAX_PER_CHECK."""
+        id whose findings went over the limit."""
+        if self.limit is None:
+            return tuple(self.found)
         more = [
-            Violation(c, f"{n - MAX_PER_CHECK} more {c} violations not listed")
+            Violation(c, f"{n - self.limit} more {c} violations not listed")
             for c, n in self._count.items()
-            if n > MAX_PER_CHECK
+            if n > self.limit
         ]
         return tuple(self.found + more)

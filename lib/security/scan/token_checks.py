@@ -1,22 +1,24 @@
 """Gate 2a, layer 3: the checks on each token of a stream.
 
-:func:`check_tokens` refuses forbidden names (the tables in
-:mod:`~lib.security.scan.rules`), kernel launches (``<<<``) and every way of
-making or calling through a function pointer: declarators ``( * name ) (``,
-function types and type aliases, ``decltype(&f)``, a function used as a
-value, unary ``+``/``*``/``&`` on a lambda, ``.*`` and ``->*``. A token that
-macro expansion produced is reported twice: under its own check and as
+:func:`check_tokens` refuses forbidden names (the tables and patterns in
+:mod:`~lib.security.scan.rules`: host calls, compiler builtins, the CUDA
+runtime API), kernel launches (``<<<``) and every way of making or calling
+through a function pointer: declarators ``( * name ) (``, function types and
+type aliases, ``decltype(&x)``, a function of the source used as a value
+(assigned, passed, returned, a template argument), unary ``+``/``*``/``&`` on
+a lambda, ``.*`` and ``->*``. A token that macro expansion produced, or that
+stands in a macro's body, is reported twice: under its own check and as
 ``pp.macro_hides_forbidden`` naming the macro.
 
 The scanner runs these checks on the tokens as written (every branch, every
-directive), on the expanded stream, and on each expansion with an
-alternative macro definition. Everything here is a function of its
-arguments; findings go to the :class:`~lib.security.scan.report.Report`.
+directive) and on the expanded stream of each configuration. Everything here
+is a function of its arguments; findings go to the
+:class:`~lib.security.scan.report.Report`.
 """
 
 from __future__ import annotations
 
-from lib.security.scan.lexer import Tok, match_parens
+from lib.security.scan.lexer import Tok, match_brackets
 from lib.security.scan.report import Report
 from lib.security.scan.rules import (
     BUILTIN_TYPES,
@@ -24,6 +26,7 @@ from lib.security.scan.rules import (
     KEYWORDS,
     NOT_FUNCTIONS,
     OPERAND_KEYWORDS,
+    PATTERNS,
     QUALIFIERS,
     STRONG,
     WEAK,
@@ -46,6 +49,19 @@ def flag(rep: Report, check: str, message: str, tok: Tok, note: str = "") -> Non
         rep.add(check, message, tok.line)
 
 
+def forbidden(name: str, call: bool) -> tuple[str, str] | None:
+    """The ``(check id, what)`` that refuses identifier ``name`` (``call``:
+    followed by a call parenthesis), or None."""
+    hit = STRONG.get(name)
+    if hit is None and call:
+        hit = WEAK.get(name)
+    if hit is None and EXEC_RE.fullmatch(name):
+        hit = ("token.os_call", "host/OS call")
+    if hit is None and name[0] in "_c":
+        hit = next((h for p, h in PATTERNS if p.fullmatch(name)), None)
+    return hit
+
+
 def check_tokens(
     rep: Report, toks: list[Tok], fnames: frozenset[str], note: str = ""
 ) -> None:
@@ -63,11 +79,7 @@ def check_tokens(
         if t.kind == "id":
             name = t.text
             call = nxt is not None and nxt.text == "(" and nxt.kind == "punct"
-            hit = STRONG.get(name)
-            if hit is None and call:
-                hit = WEAK.get(name)
-            if hit is None and EXEC_RE.fullmatch(name):
-                hit = ("token.os_call", "host/OS call")
+            hit = forbidden(name, call)
             if name == "delete" and not (prev is not None and prev.text == "="):
                 hit = ("token.malloc", "dynamic allocation")
             if name == "function" and prev is not None and prev.text == "::":
@@ -199,37 +211,79 @@ def _function_type_alias(
 
 
 def _decltype_fn(toks: list[Tok], i: int, fnames: frozenset[str]) -> bool:
-    """``decltype ( & f`` at ``toks[i]`` with ``f`` a function defined here."""
-    window = [t.text for t in toks[i + 1:i + 5]]
-    if window[:2] == ["(", "&"] and len(window) > 2:
-        return window[2] in fnames
-    return False
+    """``decltype ( & x`` at ``toks[i]`` (the type of an address: of a
+    function, whichever it is, a pointer to it), or ``decltype ( f )`` with
+    ``f`` a function defined here (a function type)."""
+    window = [t.text for t in toks[i + 1:i + 4]]
+    if window[:2] == ["(", "&"]:
+        return True
+    return len(window) == 3 and window[0] == "(" and window[2] == ")" \
+        and window[1] in fnames
 
 
 def _function_value(prev: Tok | None, nxt: Tok | None) -> bool:
     """A function name between ``prev`` and ``nxt`` is used as a value
-    (its address taken, assigned, passed or returned), not called."""
+    (its address taken, assigned, passed, returned, braced or given as a
+    template argument), not called."""
     if nxt is not None and nxt.text in ("(", "<", "::"):
         return False
-    return prev is not None and prev.text in ("&", "=", ",", "(", "return", "?")
+    return prev is not None and prev.text in (
+        "&", "=", ",", "(", "return", "?", ":", "<", "{")
 
 
-def collect_functions(toks: list[Tok]) -> frozenset[str]:
-    """Names of functions defined here: ``name ( ... ) [qualifiers] {``."""
+def collect_functions(toks: list[Tok], match: list[int] | None = None
+                      ) -> frozenset[str]:
+    """Names of functions defined here: ``name ( ... ) ... {``.
+
+    Between the parameters and the body may stand qualifiers, ``noexcept``
+    and ``noexcept(...)``, a trailing return type (``-> void(*)()``),
+    attributes and a constructor's initialisers (``: v(a), w{b}``), whose
+    names are not functions. ``match`` is :func:`match_brackets` of ``toks``.
+    """
     names = set()
     n = len(toks)
-    match = match_parens(toks)
+    if match is None:
+        match = match_brackets(toks)
     for i, t in enumerate(toks):
         if t.kind != "id" or i + 1 >= n or toks[i + 1].text != "(":
             continue
         if t.text in NOT_FUNCTIONS or t.text in KEYWORDS:
             continue
+        if i and toks[i - 1].text in (":", ",", ".", "->"):
+            continue  # an initialiser or a member call
         k = match[i + 1] + 1
         if k <= 0:
             continue
-        while k < n and toks[k].kind == "id" and toks[k].text in (
-                "const", "noexcept", "override", "final"):
+        initialisers = False
+        angles = 0
+        for _ in range(256):
+            if k >= n:
+                break
+            x = toks[k]
+            text = x.text
+            if x.kind == "punct" and text == "{":
+                if not initialisers or toks[k - 1].text in (")", "}"):
+                    names.add(t.text)
+                    break
+                k = match[k] if match[k] > k else k  # a member's {initialiser}
+            elif x.kind == "punct" and text not in _DEFINITION_PUNCTS:
+                break  # an operator: an expression, not a definition
+            elif text == "," and not initialisers and angles <= 0:
+                break
+            elif text == "[" and not (k + 1 < n and toks[k + 1].text == "["):
+                break  # a subscript or a lambda, not an attribute
+            elif text == ":":
+                initialisers = True
+            elif text in ("<", ">", ">>"):
+                angles += 1 if text == "<" else -len(text)
+            if text in ("(", "[") and match[k] > k:
+                k = match[k]
             k += 1
-        if k < n and toks[k].text == "{":
-            names.add(t.text)
     return frozenset(names)
+
+
+# What may stand between a function's parameters and its body: qualifiers
+# and attributes (names), a trailing return type (->, ::, *, &, <...>),
+# noexcept(...) and constructor initialisers (: v(a), w{b}).
+_DEFINITION_PUNCTS = frozenset({"->", "::", "*", "&", "&&", "<", ">", ">>", ":",
+                                ",", "(", "[", "...", "{"})
