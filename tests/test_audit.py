@@ -9,6 +9,7 @@ import stat
 
 import pytest
 
+from lib.codegen import plane
 from lib.contract import Decision, TaskSpec
 from lib.evaluation import audit, audit_cases, audit_tamper
 from lib.security import gate1, scan, seal
@@ -55,7 +56,9 @@ def test_case_counts(cases):
     for gate in audit.GATES:
         assert any(c.gate == gate for c in adversarial), gate
         assert any(c.gate == gate for c in benign), gate
-        assert len({c.family for c in adversarial if c.gate == gate}) >= 5, gate
+        # the end-to-end cases are few, seconds each: two families
+        least = 2 if gate == "plane" else 5
+        assert len({c.family for c in adversarial if c.gate == gate}) >= least, gate
 
 
 def test_every_intended_check_is_in_its_gates_table(cases):
@@ -63,6 +66,8 @@ def test_every_intended_check_is_in_its_gates_table(cases):
     for c in cases:
         if c.benign:
             assert c.intended_check is None, c.id
+        elif c.gate == "plane":
+            assert c.intended_check.removeprefix("plane.") in plane.CHECKS, c.id
         else:
             assert re.search(rf"^{re.escape(c.intended_check)}\s", tables[c.gate],
                              re.M), f"{c.id}: {c.intended_check}"
@@ -213,7 +218,7 @@ def test_a_tamper_that_does_not_fit_the_entry_names_the_case(monkeypatch):
 def test_recall_is_one(report):
     assert [r.case.id for r in report.adversarial if not r.caught] == []
     assert report.recall == 1.0
-    assert report.recall_by_gate == {gate: 1.0 for gate in audit.GATES}
+    assert report.recall_by_gate == {gate: 1.0 for gate in audit.QUICK_GATES}
 
 
 def test_intended_accuracy_is_one(report):
@@ -251,7 +256,7 @@ def test_confusion_counts_add_up(report):
 
 
 def test_latency_is_reported_per_gate(report):
-    assert set(report.latency) == set(audit.GATES)
+    assert set(report.latency) == set(audit.QUICK_GATES)
     for gate, lat in report.latency.items():
         cases = sum(r.case.gate == gate for r in report.results)
         assert lat["n"] == 2 * cases
@@ -343,7 +348,7 @@ def test_to_text_has_a_line_per_family_benign_and_latency(report):
                          text, re.M), fam
     assert f"benign controls: {len(report.benign)}, accepted " \
            f"{len(report.benign)}, refused 0" in text
-    for gate in audit.GATES:
+    for gate in audit.QUICK_GATES:
         assert re.search(rf"^{gate}\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+$", text,
                          re.M), gate
     assert "missed intended" not in text

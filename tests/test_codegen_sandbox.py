@@ -82,7 +82,7 @@ def gen(tmp_path):
 def blind_scanner(monkeypatch):
     """Gate 2a accepts everything: the boundary must hold without it."""
     monkeypatch.setattr(plane, "scan_source",
-                        lambda source, entry=None: Verdict("gate2a", []))
+                        lambda source, entry=None, **kw: Verdict("gate2a", []))
 
 
 def test_a_benign_answer_is_served_from_its_canonical_text(gen):

@@ -255,7 +255,7 @@ class CodeGenerator:
             source = render_template(task, decision, overrides)
         else:
             source = self._ask(provider, task, decision)
-        gate2a = scan_source(source, entry)
+        gate2a = scan_source(source, entry, options=options)
         gate_opts = check_compile_options(list(options))
         if not (gate2a.accepted and gate_opts.accepted):
             bad = gate2a if not gate2a.accepted else gate_opts
@@ -314,7 +314,7 @@ class CodeGenerator:
             text = isolation.canonicalise(source, self.arch)
         except isolation.IsolationError as exc:
             self._reject(provider, f"sandbox: {exc}", "sandbox")
-        verdict = scan_source(text, entry)
+        verdict = scan_source(text, entry, options=self.options)
         if not verdict.accepted:
             self._reject(provider, f"Gate 2a (as the compilers see it): "
                          f"{verdict.summary()}", "gate2a.compiled")
