@@ -61,6 +61,23 @@ def save_figure(fig: Any, machine: str, name: str) -> Path:
     return path
 
 
+#: The README's headline figure: tracked in git, so the repository's own page
+#: shows it on a fresh clone; the evaluation chapter writes it from its run on
+#: the default machine and backend (and nowhere else).
+HEADLINE = "headline.png"
+
+
+def save_headline(fig: Any, machine: str, backend: str) -> Path | None:
+    """Also save ``fig`` as ``figures/headline.png`` when it comes from the
+    default machine on the model backend (the figure the README shows)."""
+    if (machine, backend) != ("hetero-4", "model"):
+        return None
+    path = book_root() / "figures" / HEADLINE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
 def records_dir(machine: str) -> Path:
     """Where :func:`record` writes (``$GPUHIVE_RECORD_DIR`` or the build folder)."""
     base = os.environ.get("GPUHIVE_RECORD_DIR")

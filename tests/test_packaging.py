@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -92,3 +93,18 @@ def test_contract_imports_nothing_of_the_project():
         if cli not in path.parents and path != ROOT / "lib" / "__main__.py":
             assert not re.search(r"^\s*(from|import)\s+lib\.cli\b", path.read_text(),
                                  re.M), path
+
+
+def test_the_readme_headline_figure_is_in_the_repository():
+    """The repository's own page shows the figure on a fresh clone, and it is
+    the one the evaluation chapter draws (m09 writes it, nothing else does)."""
+    readme = (ROOT / "README.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme, re.S)
+    assert "figures/headline.png" in images
+    assert (ROOT / "figures" / "headline.png").stat().st_size > 1000
+    tracked = subprocess.run(["git", "ls-files", "figures/headline.png"], cwd=ROOT,
+                             capture_output=True, text=True).stdout.strip()
+    assert tracked == "figures/headline.png"
+    writers = [p.name for p in (ROOT / "notebooks").glob("*.ipynb")
+               if "book.save_headline(" in p.read_text()]
+    assert writers == ["m09-evaluation.ipynb"]

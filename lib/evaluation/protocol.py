@@ -44,6 +44,7 @@ from lib.evaluation.experiments import learned_policy, run_ablations, run_transf
 from lib.evaluation.report import LEARNED, EvalReport, Row
 from lib.evaluation.targets import targets
 from lib.execution import get_backend
+from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import (
     Snapshot,
@@ -199,8 +200,12 @@ def _core_of(device: int) -> int:
 
 
 def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
-    return local_cpu_snapshot(machine, interval=0.2) if backend == "cpu" \
-        else nvml_snapshot()
+    """What the measured backend's devices look like now (MEASURED)."""
+    if backend == "cpu":
+        return local_cpu_snapshot(machine, interval=0.2)
+    if backend == "dask":
+        return dask_snapshot(machine)
+    return nvml_snapshot()
 
 
 def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
