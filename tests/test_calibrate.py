@@ -176,3 +176,58 @@ def test_calibrate_machine_from_file(machine, tmp_path, monkeypatch):
     out = calibrate_machine("local-cpu", json_out=True)
     assert out["median_ape_pct"] < 3.0 and out["label"].startswith("PREDICTED")
     assert load_params("local-cpu") is not None
+
+
+def _loaded(machine, runs, capacity=0.4):
+    """Every other run re-timed as if each of its devices had ``capacity``
+    (what Eq. (1) predicts at that capacity), with the capacity recorded."""
+    from lib.costmodel.fit import MeasuredRun
+
+    params = truth_params()
+    out = []
+    for i, run in enumerate(runs):
+        run = dict(run)
+        if i % 2:
+            table = {str(g): capacity for g in run["decision"]["gpus"]}
+            parsed = MeasuredRun(None, None, 1.0, "cpu",
+                                 {int(g): c for g, c in table.items()})
+            task = TaskSpec.from_json(run["task"])
+            dec = parse_runs([run], machine)[0].decision
+            exact = predict(task, dec, machine, None, params).total
+            run["measured_seconds"] *= predict(
+                task, dec, machine, parsed.snapshot(machine), params).total / exact
+            run["disturbance"] = {"capacity": table, "provenance": "measured"}
+        out.append(run)
+    return out
+
+
+def test_fast_model_matches_predict_at_recorded_capacity(machine):
+    params = truth_params()
+    runs = parse_runs(_loaded(machine, synthetic_runs(machine, params, noise=0.0)),
+                      machine)
+    assert any(r.capacity for r in runs) and any(not r.capacity for r in runs)
+    slots = slots_for(machine, runs)
+    fast = _FastModel(runs, machine, slots, default_params())
+    got = fast.predict(np.array([_get(params, s) for s in slots]))
+    want = [predict(r.task, r.decision, machine, r.snapshot(machine), params).total
+            for r in runs]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_runs_under_load_are_predicted_not_thrown_away(machine):
+    runs = _loaded(machine, synthetic_runs(machine, truth_params()))
+    report = calibrate(machine, runs, seed=0)
+    assert report.median_ape_pct < 3.0 and report.warning == ""
+    assert _get(report.params, _Slot("compute_eff", ("cpu", "matmul"))) == \
+        pytest.approx(1.6, rel=0.15)
+    # The same runs without the recorded capacity (an older file's form):
+    # loadable, but the loaded half now looks like noise the model cannot fit.
+    blind = [{k: v for k, v in r.items() if k != "disturbance"} for r in runs]
+    assert calibrate(machine, blind, seed=0).median_ape_pct > report.median_ape_pct
+
+
+def test_bad_recorded_capacity_is_refused_in_one_line(machine):
+    run = synthetic_runs(machine, truth_params())[0]
+    run["disturbance"] = {"capacity": {"0": 1.5}}
+    with pytest.raises(CalibrationError, match=r"run 0: capacity of device 0"):
+        parse_runs([run], machine)

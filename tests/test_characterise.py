@@ -133,3 +133,36 @@ def test_write_characterisation_round_trip(smoke, tmp_path):
 def test_impossible_machine_or_backend(machine, backend, needle):
     with pytest.raises(CharacterisationError, match=needle):
         characterise(machine, backend, budget="smoke", progress=False)
+
+
+def test_runs_record_how_disturbed_they_were(smoke):
+    _, obj = smoke
+    timed = [r for r in obj["runs"] if r["purpose"] != "latency"]
+    assert timed
+    for r in timed:
+        d = r["disturbance"]
+        used = {str(g) for g in r["decision"]["gpus"]}
+        assert set(d["capacity"]) == used and d["provenance"] == "measured"
+        assert all(0.0 < c <= 1.0 for c in d["capacity"].values())
+        assert all(isinstance(n, int) and n >= 0
+                   for v in (*d["others_before"].values(),
+                             *d["others_after"].values()) for n in v)
+
+
+def test_disturbance_from_two_looks():
+    from lib.execution.characterise import _disturbance
+
+    got = _disturbance({"0": [11, 12], "1": []}, {"0": [12], "1": []})
+    # thread 12 runnable in both looks (wants the core), 11 in one (half).
+    assert got["before"] == {"0": 2, "1": 0} and got["after"] == {"0": 1, "1": 0}
+    assert got["capacity"]["0"] == pytest.approx(1 / 3)
+    assert got["capacity"]["1"] == 1.0
+
+
+def test_old_characterisation_without_disturbance_still_calibrates(smoke):
+    from lib.costmodel.calibrate import calibrate
+
+    _, obj = smoke
+    old = [{k: v for k, v in r.items() if k != "disturbance"} for r in obj["runs"]]
+    report = calibrate("local-cpu", old, seed=0)
+    assert report.n_train > 0

@@ -232,9 +232,9 @@ def _subcommands() -> dict:
 def test_every_command_has_a_description_and_help_on_every_option():
     commands = _subcommands()
     assert list(commands) == [
-        "doctor", "explain", "run", "validate", "characterise", "calibrate",
-        "codegen", "scan", "security-audit", "sweep", "train", "evaluate", "bench",
-        "book"]
+        "doctor", "explain", "decide", "run", "validate", "characterise",
+        "calibrate", "history", "codegen", "scan", "security-audit", "sweep",
+        "train", "evaluate", "bench", "book"]
     for name, p in commands.items():
         assert p.description, name
         for action in p._actions:

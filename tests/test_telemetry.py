@@ -147,3 +147,57 @@ def test_simulated_devices_go_busy_and_idle():
         assert all(0.3 <= u <= 0.9 for u in busy)
     frac = sum(u > 0 for row in history for u in row) / (400 * machine.n)
     assert 0.2 < frac < 0.6
+
+
+def test_recorded_nvml_capacity_from_compute_processes(record):
+    snap = nvml_snapshot(RecordedNvml(record), exclude_pids=[])
+    # pid 4242: mean SM share of its samples (36, 44, 30, 38) % = 0.37;
+    # pid 5151 is listed but has no sample: it wants nothing now.
+    assert snap.capacity[0] == pytest.approx(0.63)
+    assert snap.contenders[0] == pytest.approx(0.37)
+    assert snap.capacity[1] == 1.0 and snap.contenders[1] == 0.0
+    assert "nvmlDeviceGetProcessUtilization" in snap.capacity_provenance[0]
+    assert snap.slowdown(0) == pytest.approx(1 / 0.63)
+
+
+def test_recorded_nvml_our_own_process_is_not_contention(record):
+    snap = nvml_snapshot(RecordedNvml(record), exclude_pids=[4242])
+    assert snap.capacity == (1.0, 1.0)
+
+
+def test_recorded_nvml_without_samples_counts_every_process_busy(record):
+    for dev in record["devices"]:
+        dev["process_utilization"] = {"error": "Not Supported"}
+    snap = nvml_snapshot(RecordedNvml(record), exclude_pids=[])
+    assert snap.capacity[0] == pytest.approx(1 / 3)    # two others, each always on
+    assert "always busy" in snap.capacity_provenance[0]
+
+
+def test_old_recording_without_process_lists_has_no_capacity(record):
+    old = copy.deepcopy(record)
+    for dev in old["devices"]:
+        dev.pop("compute_processes")
+        dev.pop("process_utilization")
+    snap = nvml_snapshot(RecordedNvml(old))
+    assert snap.capacity is None and snap.capacity_provenance is None
+    assert snap.slowdown(0) == pytest.approx(1 / (1 - 0.37))
+    new = nvml_snapshot(RecordedNvml(record))
+    assert (snap.utilisation, snap.free_bytes, snap.links) == \
+        (new.utilisation, new.free_bytes, new.links)
+
+
+def test_device_that_cannot_list_processes_falls_back_on_utilisation(record):
+    record["devices"][0].pop("compute_processes")
+    snap = nvml_snapshot(RecordedNvml(record), exclude_pids=[])
+    assert snap.capacity[0] == pytest.approx(1 - 0.37)
+    assert "1 - utilisation" in snap.capacity_provenance[0]
+    assert snap.capacity[1] == 1.0
+
+
+def test_local_cpu_snapshot_has_capacity():
+    try:
+        snap = local_cpu_snapshot(load_machine("local-cpu"), interval=0.05)
+    except TelemetryError as exc:
+        pytest.skip(str(exc))
+    assert len(snap.capacity) == len(snap.capacity_provenance) == len(snap.utilisation)
+    assert all(0.0 < c <= 1.0 for c in snap.capacity)

@@ -43,6 +43,7 @@ from lib.cli import (
     doctor,
     evaluate,
     explain,
+    history,
     run,
     scan,
     security_audit,
@@ -64,7 +65,7 @@ __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 #: The command modules, in the order ``gpuhive --help`` lists them; each has
 #: ``add_parser(subparsers)`` and ``run(args) -> int``.
 COMMANDS = (doctor, explain, decide, run, validate, characterise, calibrate,
-            codegen, scan, security_audit, sweep, train, evaluate, bench, book)
+            history, codegen, scan, security_audit, sweep, train, evaluate, bench, book)
 
 #: Errors that mean the input was bad: one line on stderr, exit status 2.
 BAD_INPUT = (UsageError, ContractError, MachineError, DecisionRejected,

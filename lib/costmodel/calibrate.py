@@ -13,6 +13,10 @@ Fitted, for each device kind on the machine (:class:`CostParams`):
 - ``launch_s[device kind]``: the fixed cost of starting a shard;
 - ``link_scale[device kind]``: measured over profile host-link bandwidth.
 
+A run recorded under load (its ``disturbance.capacity``, from
+characterisation) is fitted and scored as predicted at the capacity it had:
+compute time / capacity. Older runs without it count at full capacity.
+
 Method: least squares on log time (so every run counts by its relative error),
 made robust with Huber weights (iteratively re-weighted), with
 Levenberg-Marquardt over the logarithms of the parameters, numeric Jacobian,
@@ -185,8 +189,8 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
                                              base)
     params = params_with(params, [], [], source=f"calibrated on {machine.name} "
                    f"({len(train)} measured runs)", fitted=fitted)
-    pred = np.array([predict(r.task, r.decision, machine, None, params).total
-                     for r in parsed])
+    pred = np.array([predict(r.task, r.decision, machine, r.snapshot(machine),
+                             params).total for r in parsed])
     meas = np.array([r.seconds for r in parsed])
     scored = held or train
     ape = ape_pct(pred[scored], meas[scored])

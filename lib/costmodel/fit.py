@@ -6,6 +6,12 @@ over the logarithms of the parameters, numeric Jacobian, NumPy only. A
 parameter the runs cannot move (its roofline limit never binds, say) keeps its
 default and is not listed as fitted. Also here: the runs' parsing and held-out
 split, and the statistics the report scores with (APE, Spearman).
+
+A run taken under load is not thrown away: where its record says what capacity
+each device had (``disturbance.capacity``, written by characterisation), the
+model predicts it at that capacity (compute time / capacity), as it would a
+live snapshot's. Runs without the field (older files) are predicted at full
+capacity, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from lib.contract import KINDS, MEASURING_BACKENDS, ContractError, Decision, Tas
 from lib.costmodel.model import CostParams, default_params, predict
 from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
 
 #: A parameter whose largest effect on any training run's log time is below
@@ -96,12 +103,50 @@ class MeasuredRun:
         task, decision: what ran.
         seconds: measured end-to-end seconds (MEASURED).
         backend: the measuring backend (``cpu`` or ``cuda``).
+        capacity: device index -> the share of it the run had (MEASURED, from
+            the record's ``disturbance``); None where the record does not say.
     """
 
     task: TaskSpec
     decision: Decision
     seconds: float
     backend: str
+    capacity: Mapping[int, float] | None = None
+
+    def snapshot(self, machine: Machine) -> Snapshot | None:
+        """The run's capacity as telemetry for :func:`predict` (None without)."""
+        if not self.capacity:
+            return None
+        n = machine.n
+        return Snapshot(source="characterisation", utilisation=(0.0,) * n,
+                        free_bytes=tuple(d.mem_bytes for d in machine.devices),
+                        healthy=(True,) * n, measured=True,
+                        capacity=tuple(self.capacity.get(i, 1.0) for i in range(n)),
+                        capacity_provenance=("recorded with the run",) * n)
+
+
+def _run_capacity(run: Mapping[str, Any], where: str,
+                  machine: Machine) -> dict[int, float] | None:
+    """``disturbance.capacity`` of a run record, checked (None if absent)."""
+    dist = run.get("disturbance")
+    if dist is None:
+        return None
+    table = dist.get("capacity") if isinstance(dist, Mapping) else None
+    if not isinstance(table, Mapping):
+        raise CalibrationError(f"{where}: disturbance has no capacity table")
+    out = {}
+    for dev, cap in table.items():
+        try:
+            index = int(dev)
+        except (TypeError, ValueError):
+            raise CalibrationError(f"{where}: disturbance names device {dev!r}") \
+                from None
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) \
+                or not 0.0 < cap <= 1.0 or not 0 <= index < machine.n:
+            raise CalibrationError(f"{where}: capacity of device {dev} must be in "
+                                   f"(0, 1] on an existing device, got {cap!r}")
+        out[index] = float(cap)
+    return out
 
 
 def parse_runs(runs: Sequence[Mapping[str, Any]],
@@ -138,7 +183,8 @@ def parse_runs(runs: Sequence[Mapping[str, Any]],
             raise CalibrationError(f"{where}: decision names device(s) {bad or '?'} "
                                    f"that machine {machine.name} ({machine.n} "
                                    "devices) does not have")
-        out.append(MeasuredRun(task, decision, float(seconds), backend))
+        out.append(MeasuredRun(task, decision, float(seconds), backend,
+                               _run_capacity(run, where, machine)))
     return out
 
 
@@ -218,6 +264,7 @@ class _FastModel:
             "flops", "traffic", "bin", "bout", "lat_in", "lat_out", "peak", "bw",
             "link_bw", "merge")}
         e_col, m_col, l_col, s_col, owner, self.slow = [], [], [], [], [], []
+        stretch: list[float] = []   # 1 / capacity the run had on the device
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
             task, dec = run.task, run.decision
@@ -244,6 +291,7 @@ class _FastModel:
                 cols["peak"].append(dev.peak_flops(task.dtype))
                 cols["bw"].append(dev.mem_bw)
                 cols["link_bw"].append(link.bandwidth)
+                stretch.append(1.0 / (run.capacity or {}).get(dev_index, 1.0))
                 e_col.append(index.get(_Slot("compute_eff", (dev.kind, task.kind)),
                                        -1))
                 m_col.append(index.get(_Slot("memory_eff", (dev.kind, task.kind)),
@@ -262,6 +310,8 @@ class _FastModel:
                 cols["merge"][-1] = k * w.work(task, 1).bytes_out / machine.host_mem_bw
         self.cols = {k: np.asarray(v, float) for k, v in cols.items() if k != "merge"}
         self.merge = np.asarray(cols["merge"], float)
+        self.stretch = np.asarray(stretch, float)
+        self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
         self.owner = np.asarray(owner, int)
@@ -285,16 +335,19 @@ class _FastModel:
             launch = pick(self.l_col, d["launch_s"])
             scale = pick(self.s_col, d["link_scale"])
             bw = c["link_bw"] * scale
+            comp = np.maximum(c["flops"] / (c["peak"] * e),
+                              c["traffic"] / (c["bw"] * em))
+            if self.stretched:
+                comp = comp * self.stretch
             t = (launch + c["lat_in"] + c["bin"] / bw + c["lat_out"] + c["bout"] / bw
-                 + np.maximum(c["flops"] / (c["peak"] * e),
-                              c["traffic"] / (c["bw"] * em)))
+                 + comp)
             out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge
         if self.slow:
             full = params_with(self.base, self.slots, values)
             for r in self.slow:
                 run = self.runs[r]
-                out[r] = predict(run.task, run.decision, self.machine, None,
-                                 full).total
+                out[r] = predict(run.task, run.decision, self.machine,
+                                 run.snapshot(self.machine), full).total
         return out
 
 

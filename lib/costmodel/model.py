@@ -4,11 +4,16 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
 
     T(d) = max_i [ t_launch + t_in,i + t_comp,i + t_out,i ] + t_merge
 
-    t_comp,i = max(flops_i / (F_i e_k), bytes_i / (B_i e'_k)) / (1 - u_i)
+    t_comp,i = max(flops_i / (F_i e_k g_i), bytes_i / (B_i e'_k g_i)) / c_i
 
 - ``F_i``, ``B_i``: peak FLOP/s for the dtype and memory bandwidth of device i;
   ``e_k``, ``e'_k``: compute and memory efficiencies of kernel kind k
-  (:class:`CostParams`); ``u_i``: live utilisation from telemetry.
+  (:class:`CostParams`); ``g_i``: a per-device correction for kind k and the
+  dtype learned from the device's measured history (1 without one,
+  :func:`lib.costmodel.history.params_with_history`).
+- ``c_i``: the device's capacity, the share of it a shard of ours gets now,
+  where telemetry measured it; otherwise ``1 - u_i`` with ``u_i`` the live
+  utilisation (Eq. (1) as first written). Without telemetry, 1.
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
   latency.
 - ``pipelined`` mode cuts a shard into ``c = ceil(r_i / chunk)`` chunks; the
@@ -54,6 +59,10 @@ class CostParams:
             over datasheet); 1.0 uncalibrated.
         source: ``"default"`` or what they were fitted to.
         fitted: the names of the parameters that came from measurement.
+        device_eff: (device index, workload kind, dtype) -> multiplier on both
+            efficiencies of that device, learned from its measured history
+            (:mod:`lib.costmodel.history`); absent entries mean 1. Not saved
+            with the calibrated parameters: it is derived from the history.
     """
 
     compute_eff: Mapping[tuple[str, str], float]
@@ -62,6 +71,7 @@ class CostParams:
     link_scale: Mapping[str, float] = field(default_factory=dict)
     source: str = "default"
     fitted: tuple[str, ...] = ()
+    device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
         return self.compute_eff.get((device_kind, kind), 0.5)
@@ -141,14 +151,19 @@ class Prediction:
 def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
                    params: CostParams = _DEFAULT,
                    telemetry: Snapshot | None = None) -> tuple[float, float]:
-    """The two roofline limits of ``work`` on device ``i``, each / (1 - u).
+    """The two roofline limits of ``work`` on device ``i``, each / capacity.
 
     Returns:
-        ``(flops / (F_i e_k), bytes / (B_i e'_k))``, both stretched by the live
-        utilisation; the compute time is their maximum.
+        ``(flops / (F_i e_k), bytes / (B_i e'_k))``, both stretched by
+        :meth:`Snapshot.slowdown` (``1 / capacity`` where the snapshot measured
+        capacity, else ``1 / (1 - u)``) and divided by the device's learned
+        correction where ``params.device_eff`` has one; the compute time is
+        their maximum.
     """
     dev = machine.devices[i]
     slow = telemetry.slowdown(i) if telemetry is not None else 1.0
+    if params.device_eff:
+        slow /= params.device_eff.get((i, task.kind, task.dtype), 1.0)
     return (work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind))
             * slow,
             work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind))
@@ -158,7 +173,7 @@ def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
 def compute_seconds(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
                     params: CostParams = _DEFAULT,
                     telemetry: Snapshot | None = None) -> float:
-    """Roofline time of ``work`` on device ``i``: max(compute, memory) / (1 - u)."""
+    """Roofline time of ``work`` on device ``i``: max(compute, memory) / capacity."""
     if work.rows == 0:
         return 0.0
     return max(roofline_terms(task, work, machine, i, params, telemetry))
@@ -211,7 +226,8 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
     Args:
         task, decision: what to run and how.
         machine: the machine profile.
-        telemetry: live state (utilisation stretches compute); None for idle.
+        telemetry: live state (compute stretches by ``1 / capacity``, or
+            ``1 / (1 - u)`` where the snapshot has no capacity); None for idle.
         params: efficiencies and latencies; the uncalibrated defaults if None.
 
     Returns:

@@ -28,7 +28,12 @@ minute on two cores), ``full`` (larger sizes, more repeats). The plan is done
 in several passes, each in a fresh seeded random order, and a run's figure is
 the median over all its timed repeats: background load that comes and goes
 lands as scattered outliers the median discards, not as a bias on one size or
-kind. The load on the cores before and after is recorded too.
+kind. The load on the cores before and after is recorded too, and so is how
+disturbed each run was: the runnable threads of other processes on the cores
+it used, looked at just before and just after every timed run, and the
+capacity they left it (:func:`lib.platform.telemetry.fair_share`), under the
+run record's ``disturbance``. Calibration predicts a run at that capacity
+(time / capacity), so a run taken under load still counts.
 
 The plans per budget are :mod:`lib.execution.characterisation_plans`; the direct
 shared-memory copies and round trips are :mod:`lib.execution.shm_links`.
@@ -63,7 +68,13 @@ from lib.execution.characterisation_plans import (
 from lib.execution.cpu import shm_root
 from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_seconds
 from lib.platform.machines import Machine, MachineError, load_machine
-from lib.platform.telemetry import TelemetryError, local_cpu_snapshot
+from lib.platform.telemetry import (
+    TelemetryError,
+    fair_share,
+    local_cpu_snapshot,
+    own_pids,
+    runnable_threads,
+)
 from lib.platform.workloads import workload
 from lib.storage import characterisation_path, write_json_atomic
 
@@ -128,7 +139,7 @@ def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
         for g, sec in r.metrics.per_device_seconds.items():
             per_dev.setdefault(str(g), []).append(float(sec))
     m = results[0].metrics
-    return {"task": task.to_json(), "decision": decision.to_json(),
+    record = {"task": task.to_json(), "decision": decision.to_json(),
             "measured_seconds": statistics.median(totals),
             "per_device_seconds": {g: statistics.median(v)
                                    for g, v in per_dev.items()},
@@ -137,6 +148,29 @@ def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
             "verified": None if all(r.metrics.verified is None for r in results)
             else all(r.metrics.verified is not False for r in results),
             "purpose": purpose}
+    seen = [r.detail["disturbance"] for r in results if "disturbance" in r.detail]
+    if seen:
+        record["disturbance"] = _disturbance_record(seen)
+    return record
+
+
+DISTURBANCE_METHOD = (
+    "runnable threads (state R) of other processes on the device's core, from "
+    "/proc/<pid>/task/<tid>/stat, looked at just before and just after each "
+    "pass's run (our process and its workers excluded); capacity = CFS fair "
+    "share 1 / (1 + mean others), per pass, then the median over passes")
+
+
+def _disturbance_record(seen: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per device: others before and after each pass, and the median capacity."""
+    devices = sorted(seen[0]["capacity"])
+    return {
+        "others_before": {d: [s["before"][d] for s in seen] for d in devices},
+        "others_after": {d: [s["after"][d] for s in seen] for d in devices},
+        "capacity": {d: float(statistics.median(s["capacity"][d] for s in seen))
+                     for d in devices},
+        "unit": "runnable threads; capacity as a fraction of the core",
+        "provenance": "measured", "method": DISTURBANCE_METHOD}
 
 
 def _plan(machine: Machine, budget: CharacterisationPlan, seed: int) -> list[tuple]:
@@ -323,17 +357,47 @@ def _cpu_seconds_busy() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
 
 
+def _others_on(cores: Mapping[str, int], pids: Sequence[int]) -> dict[str, list]:
+    """device -> thread ids of other processes runnable on its core, now."""
+    threads = runnable_threads(own_pids(pids))
+    return {d: sorted(t for t, c in threads.items() if c == core)
+            for d, core in cores.items()}
+
+
+def _disturbance(before: Mapping[str, list], after: Mapping[str, list]
+                 ) -> dict[str, Any]:
+    """Counts before and after, and the capacity they leave (fair share of
+    each thread's fraction of the two looks it was runnable in)."""
+    capacity = {}
+    for d in before:
+        tids = set(before[d]) | set(after[d])
+        capacity[d] = fair_share([((t in before[d]) + (t in after[d])) / 2
+                                  for t in tids])
+    return {"before": {d: len(v) for d, v in before.items()},
+            "after": {d: len(v) for d, v in after.items()}, "capacity": capacity}
+
+
 def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
                      disturbed: list[float], watch: bool) -> Any:
-    """Run once; on the cpu backend, redo a run other processes disturbed."""
+    """Run once; on the cpu backend, redo a run other processes disturbed,
+    and record in ``result.detail["disturbance"]`` how disturbed the kept try
+    was (:func:`_disturbance`)."""
+    cores: dict[str, int] = {}
+    if watch:
+        ids = core_ids(runner.machine) if hasattr(runner, "machine") else []
+        cores = {str(g): ids[g] for g in dec.gpus if g < len(ids)}
     for attempt in range(RETRIES + 1):
         if not watch:
             return runner.run(task, dec, verify=verify)
         pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
         ours0, (busy0, total0) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
+        others0 = _others_on(cores, pids)
         result = runner.run(task, dec, verify=verify)
         pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
+        others1 = _others_on(cores, pids)
         ours1, (busy1, total1) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
+        if cores:
+            result.detail["disturbance"] = _disturbance(others0, others1)
         span = total1 - total0
         others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / span \
             if span > 0 else 0.0

@@ -254,6 +254,11 @@ class CpuBackend:
             conn.close()
         self.workers, self._conns = [], []
 
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (telemetry counts them as ours, not
+        as contention: :func:`lib.platform.telemetry.local_cpu_snapshot`)."""
+        return [p.pid for p in self.workers if p.pid is not None and p.is_alive()]
+
     def __enter__(self) -> CpuBackend:
         return self
 

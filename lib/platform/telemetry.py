@@ -4,7 +4,20 @@ A :class:`Snapshot` holds, per device, utilisation, free memory and health
 (plus clocks, temperature and power where the source has them). Policies read it
 through :func:`lib.contract.encode_state`; Gate 1 refuses unhealthy devices and
 shards that do not fit in free memory; the cost model slows a busy device down
-by ``1 / (1 - utilisation)``.
+by ``1 / capacity`` where the snapshot measured capacity, else by
+``1 / (1 - utilisation)``.
+
+Capacity, not utilisation: utilisation says how busy a device was, which
+includes our own work and says nothing of what a new shard would get. Capacity
+is the share of the device a shard of ours would get now, in (0, 1], from who
+else wants it: on a CPU core the runnable threads of other processes
+(``/proc/<pid>/task/<tid>/stat``), on a GPU the other compute processes NVML
+lists, each weighted by its recent SM time slice. Both turn into a share by
+:func:`fair_share` (max-min fair sharing: CFS for threads on a core, the time
+slicer for contexts on a GPU; a documented approximation: it ignores
+priorities, nice values, cache and memory-bandwidth interference). Sources that
+cannot tell (idle, busy, simulated) leave ``capacity`` None, and the model is
+then exactly what it was.
 
 Sources:
 
@@ -14,9 +27,16 @@ Sources:
 - :func:`nvml_snapshot` -- read from NVIDIA GPUs through NVML (nvidia-ml-py),
   including the link matrix from the PCIe topology and NVLink state; tests
   replay a recorded snapshot at the pynvml boundary with :class:`RecordedNvml`;
-- :func:`local_cpu_snapshot` -- this computer's cores, read from ``/proc``.
+- :func:`local_cpu_snapshot` -- this computer's cores, read from ``/proc``
+  (utilisation from ``/proc/stat``, capacity from the runnable threads of other
+  processes on each core).
 
 Only the last two are measurements (``measured=True``).
+
+Why one module: every source fills the same :class:`Snapshot`, and the two
+measuring ones share the capacity logic (:func:`fair_share`, the process tree
+that is ours); a reader following one field from its source to the model stays
+in this file. Each source is a short section of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +56,8 @@ from lib.platform.machines import Machine
 
 #: Utilisation is clipped here so a busy device is slow, never infinitely so.
 MAX_UTILISATION = 0.95
+#: Capacity is clipped here for the same reason (the same floor: 1 - 0.95).
+MIN_CAPACITY = 1.0 - MAX_UTILISATION
 
 #: Link-matrix vocabulary, fastest first: the diagonal, an active NVLink, a path
 #: through PCIe switches only, a path through a host bridge / the CPU's root
@@ -61,6 +83,13 @@ class Snapshot:
         measured: whether the numbers were read from real devices.
         links: ``links[i][j]`` is how devices i and j are connected, one of
             :data:`LINK_CLASSES`; empty where the source does not know.
+        capacity: per device, the share of it a shard of ours would get now,
+            in (0, 1]; None where the source cannot tell.
+        capacity_provenance: per device, how its capacity was obtained (one
+            line); None with ``capacity``.
+        contenders: per device, how much other work wants it (mean runnable
+            threads of other processes on a core; other compute processes on a
+            GPU, each weighted by its SM time slice); None where not measured.
     """
 
     source: str
@@ -72,9 +101,15 @@ class Snapshot:
     power_w: tuple[float, ...] = field(default_factory=tuple)
     measured: bool = False
     links: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
+    capacity: tuple[float, ...] | None = None
+    capacity_provenance: tuple[str, ...] | None = None
+    contenders: tuple[float, ...] | None = None
 
     def slowdown(self, i: int) -> float:
-        """Factor by which device ``i``'s compute stretches: ``1 / (1 - u)``."""
+        """Factor by which device ``i``'s compute stretches: ``1 / capacity``
+        where the snapshot has capacity, else ``1 / (1 - u)``."""
+        if self.capacity is not None:
+            return 1.0 / max(self.capacity[i], MIN_CAPACITY)
         return 1.0 / (1.0 - min(self.utilisation[i], MAX_UTILISATION))
 
 
@@ -131,6 +166,107 @@ class SimulatedTelemetry:
 
 
 # --------------------------------------------------------------------------
+# Capacity: the share a shard of ours would get
+
+def fair_share(demands: Sequence[float]) -> float:
+    """Our share of a device that others want, under max-min fair sharing.
+
+    Each other contender ``j`` wants a fraction ``demands[j]`` of the device
+    (1 for a thread that is always runnable); we want all of it. Fair sharing
+    gives everyone the same level L, or less if they want less:
+    ``L + sum(min(d_j, L)) = 1``; our share is L. With n always-runnable
+    contenders this is ``1 / (1 + n)`` (CFS between equal-weight threads); a
+    contender that wants 0.3 leaves us 0.7. An approximation: priorities, nice
+    values and interference in caches and memory bandwidth are ignored.
+    """
+    left, sharers = 1.0, 1
+    pending = sorted(min(1.0, max(0.0, float(d))) for d in demands)
+    sharers += len(pending)
+    for d in pending:
+        if d > left / sharers:
+            break
+        left -= d
+        sharers -= 1
+    return min(1.0, max(MIN_CAPACITY, left / sharers))
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """Fields of a ``/proc/.../stat`` file after the command name (state is
+    ``[0]``, ppid ``[1]``, processor ``[36]``); None if it vanished."""
+    try:
+        with open(path) as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def own_pids(extra: Sequence[int] = ()) -> set[int]:
+    """This process, every process descended from it (the cpu backend's
+    workers included) and the processes ``extra`` (not their descendants):
+    the work that is ours, not contention."""
+    ours = {os.getpid()}
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return ours
+    for name in entries:
+        if name.isdigit():
+            fields = _stat_fields(f"/proc/{name}/stat")
+            if fields is not None and len(fields) > 1:
+                parents[int(name)] = int(fields[1])
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    return ours | {int(p) for p in extra}
+
+
+def runnable_threads(exclude: set[int]) -> dict[int, int]:
+    """One look at ``/proc``: thread id -> core, for every runnable (state R)
+    thread of a process not in ``exclude``. The core is the ``processor``
+    field, the core the thread last ran on."""
+    out: dict[int, int] = {}
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        if pid in exclude:
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
+            if fields is not None and len(fields) > 36 and fields[0] == "R":
+                out[int(tid)] = int(fields[36])
+    return out
+
+
+def runnable_demand(cores: Sequence[int], exclude_pids: Sequence[int] = (),
+                    samples: int = 5, interval: float = 0.1
+                    ) -> dict[int, dict[int, float]]:
+    """core -> {thread id: fraction of ``samples`` looks it was runnable there},
+    for the threads of other processes (:func:`own_pids` of ``exclude_pids``
+    excluded), the looks spread evenly over ``interval`` seconds."""
+    exclude = own_pids(exclude_pids)
+    samples = max(1, int(samples))
+    counts: dict[int, dict[int, int]] = {c: {} for c in cores}
+    for k in range(samples):
+        if k:
+            time.sleep(max(0.0, interval) / max(1, samples - 1))
+        for tid, core in runnable_threads(exclude).items():
+            if core in counts:
+                counts[core][tid] = counts[core].get(tid, 0) + 1
+    return {c: {t: n / samples for t, n in row.items()} for c, row in counts.items()}
+
+
+# --------------------------------------------------------------------------
 # NVML (real GPUs, or a recorded snapshot replayed at the pynvml boundary)
 
 def _text(value: Any) -> str:
@@ -173,19 +309,23 @@ def _nvlink_peers(nvml: Any, handle: Any, error: type[BaseException]) -> set:
     return peers
 
 
-def nvml_snapshot(nvml: Any = None) -> Snapshot:
+def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
+                  ) -> Snapshot:
     """Read every GPU's state and the link matrix through NVML.
 
     Args:
         nvml: the ``pynvml`` module (default), or an object with the same
             function and constant names, such as :class:`RecordedNvml`.
+        exclude_pids: the processes that are ours (not contention); default
+            :func:`own_pids` (this process and its descendants).
 
     Returns:
         A measured :class:`Snapshot` (``source="nvml"``): utilisation in [0, 1]
         (NVML's percentage over 100), free memory in bytes, SM clock in MHz,
         temperature in C, power in W, and ``links`` from the PCIe topology and
         NVLink state. A device whose calls fail is unhealthy, with utilisation
-        1, no free memory and NaN readings.
+        1, no free memory and NaN readings. Capacity (see :func:`gpu_capacity`)
+        where at least one device lists its compute processes, else None.
 
     Raises:
         TelemetryError: nvidia-ml-py is not installed, or NVML cannot start (no
@@ -222,6 +362,8 @@ def nvml_snapshot(nvml: Any = None) -> Snapshot:
                                     row, strict=True):
                 store.append(value)
         links = _link_matrix(nvml, handles, buses, error)
+        ours = own_pids() if exclude_pids is None else set(exclude_pids)
+        caps = [gpu_capacity(nvml, h, ours, error) for h in handles]
     finally:
         try:
             nvml.nvmlShutdown()
@@ -230,7 +372,68 @@ def nvml_snapshot(nvml: Any = None) -> Snapshot:
     return Snapshot(source="nvml", utilisation=tuple(util), free_bytes=tuple(free),
                     healthy=tuple(ok), clocks_mhz=tuple(clocks),
                     temperature_c=tuple(temps), power_w=tuple(power), measured=True,
-                    links=links)
+                    links=links, **_gpu_capacity_fields(caps, util))
+
+
+def gpu_capacity(nvml: Any, handle: Any, ours: set[int],
+                 error: type[BaseException]) -> tuple[float, float, str] | None:
+    """(capacity, contenders, provenance) of one GPU, or None if NVML cannot
+    list its compute processes.
+
+    Every compute process on the device that is not ours
+    (``nvmlDeviceGetComputeRunningProcesses``) contends for its time slices.
+    Each wants the fraction of the device its recent samples show it using
+    (``nvmlDeviceGetProcessUtilization``: mean ``smUtil`` / 100; a listed
+    process with no sample in the buffer wants 0), or all of it where NVML
+    keeps no per-process samples. :func:`fair_share` of those demands is the
+    capacity.
+    """
+    try:
+        procs = [int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except error:
+        return None
+    others = sorted({p for p in procs if p not in ours})
+    try:
+        samples = nvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    except error:
+        samples = None
+    if samples is None:
+        demands = [1.0] * len(others)
+        how = (f"{len(others)} other compute process(es) "
+               "(nvmlDeviceGetComputeRunningProcesses), each counted as always "
+               "busy (no per-process samples); time-slice fair share")
+    else:
+        seen: dict[int, list[float]] = {}
+        for smp in samples:
+            seen.setdefault(int(smp.pid), []).append(float(smp.smUtil) / 100.0)
+        demands = [sum(seen[p]) / len(seen[p]) if p in seen else 0.0
+                   for p in others]
+        how = (f"{len(others)} other compute process(es) "
+               "(nvmlDeviceGetComputeRunningProcesses), each weighted by its mean "
+               "SM share (nvmlDeviceGetProcessUtilization); time-slice fair share")
+    return fair_share(demands), float(sum(demands)), how
+
+
+def _gpu_capacity_fields(caps: Sequence[tuple[float, float, str] | None],
+                         util: Sequence[float]) -> dict[str, Any]:
+    """Snapshot fields from per-device :func:`gpu_capacity` readings: None if
+    no device could tell; a device that could not falls back on ``1 - u``
+    (which the model would have used anyway) and says so."""
+    if all(c is None for c in caps):
+        return {}
+    capacity, contenders, provenance = [], [], []
+    for c, u in zip(caps, util, strict=True):
+        if c is None:
+            capacity.append(1.0 - min(u, MAX_UTILISATION))
+            contenders.append(math.nan)
+            provenance.append("1 - utilisation (NVML lists no compute processes "
+                              "for this device)")
+        else:
+            capacity.append(c[0])
+            contenders.append(c[1])
+            provenance.append(c[2])
+    return {"capacity": tuple(capacity), "contenders": tuple(contenders),
+            "capacity_provenance": tuple(provenance)}
 
 
 def _link_matrix(nvml: Any, handles: Sequence[Any], buses: Sequence[Any],
@@ -275,10 +478,14 @@ class RecordedNvml:
     call returned: ``name``, ``pci_bus_id``, ``utilization`` (``gpu``/``memory``
     percent), ``memory`` (``total``/``free``/``used`` bytes), ``clocks``
     (``sm``/``mem`` MHz), ``temperature_c``, ``power_mw``, ``nvlink`` (link
-    number -> ``{"state": 0|1, "remote_bus_id": ...}``), and a ``topology``
-    matrix of common-ancestor levels. A value ``{"error": "..."}`` makes that
-    call raise :attr:`NVMLError`, as NVML does; a link number absent from
-    ``nvlink`` raises as well (NVML's "not supported").
+    number -> ``{"state": 0|1, "remote_bus_id": ...}``), optionally
+    ``compute_processes`` (``[{"pid", "usedGpuMemory"}]``) and
+    ``process_utilization`` (``[{"pid", "timeStamp", "smUtil", "memUtil"}]``,
+    pynvml's field names; recordings without them replay as NVML's "not
+    supported"), and a ``topology`` matrix of common-ancestor levels. A value
+    ``{"error": "..."}`` makes that call raise :attr:`NVMLError`, as NVML
+    does; a link number absent from ``nvlink`` raises as well (NVML's "not
+    supported").
 
     Args:
         source: path of the JSON recording, or the already-loaded object.
@@ -363,6 +570,14 @@ class RecordedNvml:
         return _Reading({"busId": self._get(handle, "nvlink", str(link),
                                             "remote_bus_id")})
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_Reading]:
+        return [_Reading(p) for p in self._get(handle, "compute_processes")]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int,
+                                        last_seen: int) -> list[_Reading]:
+        return [_Reading(p) for p in self._get(handle, "process_utilization")
+                if int(p.get("timeStamp", 0)) > last_seen]
+
     def nvmlDeviceGetTopologyCommonAncestor(self, h1: int, h2: int) -> int:
         level = self.topology[h1][h2]
         if level is None:
@@ -396,14 +611,20 @@ def _mem_available_bytes() -> float:
     raise TelemetryError("local-cpu telemetry: /proc/meminfo has no MemAvailable")
 
 
-def local_cpu_snapshot(machine: Machine, interval: float = 0.1) -> Snapshot:
-    """Per-core load and free memory of this computer, read from the OS.
+def local_cpu_snapshot(machine: Machine, interval: float = 0.1,
+                       exclude_pids: Sequence[int] = (),
+                       samples: int = 5) -> Snapshot:
+    """Per-core load, capacity and free memory of this computer, read from the OS.
 
     Device i is the core ``sorted(os.sched_getaffinity(0))[i % cores]`` (the
     core the cpu backend pins worker i to). Its utilisation is the fraction of
     ``interval`` seconds the core spent busy (``/proc/stat`` deltas; idle and
     iowait count as not busy), which includes this process's own work if it
-    runs there. Free memory is ``MemAvailable`` from ``/proc/meminfo`` split
+    runs there. Its capacity is :func:`fair_share` of the runnable threads of
+    other processes on that core, looked at ``samples`` times over the same
+    ``interval`` (this process, its descendants -- the cpu backend's workers --
+    and ``exclude_pids`` do not count): 0.5 with one thread spinning there, 1/3
+    with two. Free memory is ``MemAvailable`` from ``/proc/meminfo`` split
     evenly over the devices.
 
     Raises:
@@ -415,7 +636,7 @@ def local_cpu_snapshot(machine: Machine, interval: float = 0.1) -> Snapshot:
     cores = sorted(os.sched_getaffinity(0))
     mine = [cores[i % len(cores)] for i in range(machine.n)]
     before = _proc_stat_times()
-    time.sleep(max(0.0, interval))
+    demand = runnable_demand(sorted(set(mine)), exclude_pids, samples, interval)
     after = _proc_stat_times()
     util = []
     for core in mine:
@@ -427,6 +648,14 @@ def local_cpu_snapshot(machine: Machine, interval: float = 0.1) -> Snapshot:
         util.append(min(1.0, max(0.0, busy_ticks / total_ticks))
                     if total_ticks > 0 else 0.0)
     free = _mem_available_bytes() / machine.n
+    looks = max(1, int(samples))
+    how = (f"runnable threads of other processes on core {{core}} (state R, "
+           f"/proc/<pid>/task/<tid>/stat), {looks} looks over {interval:g} s; "
+           "CFS fair share")
     return Snapshot(source="local-cpu", utilisation=tuple(util),
                     free_bytes=(free,) * machine.n, healthy=(True,) * machine.n,
-                    measured=True)
+                    measured=True,
+                    capacity=tuple(fair_share(list(demand[c].values()))
+                                   for c in mine),
+                    capacity_provenance=tuple(how.format(core=c) for c in mine),
+                    contenders=tuple(float(sum(demand[c].values())) for c in mine))

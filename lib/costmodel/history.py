@@ -1,0 +1,316 @@
+"""A history-based performance model: what each device has done, remembered.
+
+Eq. (1) predicts from datasheet peaks and per-kind efficiencies; it never sees
+that *this* card runs *this* kernel slower than its sisters. The history does,
+as StarPU's history-based models do: every MEASURED run updates, per
+(machine, workload kind, dtype, device), a robust estimate of the device's
+effective rate -- work of its shard (FLOP for compute-bound kinds, bytes of
+memory traffic for memory-bound ones) per second it spent on the shard,
+normalised by the capacity it had (a shard run on a half-taken core took twice
+as long; its rate is what the device gives a shard it has to itself).
+
+The estimate is robust: the last :data:`WINDOW` samples are kept, and the
+figure is a Huber M-estimate of their logarithms started from their median
+(one outlier moves it by at most ``HUBER_K`` robust standard deviations over
+the window size, never more), so one run slowed by something the telemetry did
+not see does not poison it.
+
+:func:`params_with_history` turns the learned rates into per-device efficiency
+corrections (:attr:`CostParams.device_eff`): learned rate over the rate Eq. (1)
+assumes. Without history, or with fewer than ``min_runs`` runs behind a figure,
+the parameters are returned unchanged.
+
+On disk: ``<home>/history/<machine>.json``, written with
+:func:`lib.storage.write_json_atomic`. A malformed file is refused with one line
+naming it, and never overwritten.
+
+PREDICTED runs (the model backend) teach nothing: :meth:`History.update`
+refuses them. Caveat: the per-device seconds are what the backend measured for
+the shard (on the cpu backend, from the worker receiving its job to its result
+written), so the rate of a small shard includes its fixed costs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.contract import Decision, TaskSpec
+from lib.costmodel.model import CostParams
+from lib.costmodel.parameters import CalibrationError
+from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import split_rows, workload
+from lib.storage import gpuhive_home, safe_name, write_json_atomic
+
+SCHEMA = "gpuhive.history/1"
+#: Samples kept per figure (the most recent).
+WINDOW = 32
+#: Huber threshold, in robust standard deviations of the log rates.
+HUBER_K = 1.345
+#: Floor of the robust spread (log units), so identical samples do not make
+#: every new one an outlier.
+MIN_LOG_SCALE = 0.02
+#: Runs behind a figure before :func:`params_with_history` uses it.
+MIN_RUNS = 3
+
+METHOD = ("per (kind, dtype, device): work of the device's shard (FLOP if the "
+          "kind is compute-bound, bytes of memory traffic otherwise) / (MEASURED "
+          "seconds on the shard x the device's capacity then); the figure is a "
+          f"Huber M-estimate (k = {HUBER_K}) of the log of the last {WINDOW} "
+          "samples, started from their median")
+
+
+class HistoryError(CalibrationError):
+    """A history file or run the history cannot use (the message names it)."""
+
+
+def history_path(machine_name: str) -> Path:
+    """``<home>/history/<machine>.json``."""
+    return gpuhive_home() / "history" / f"{safe_name(machine_name)}.json"
+
+
+def robust_rate(samples: Sequence[float]) -> tuple[float, float]:
+    """(rate, spread) of positive samples: Huber M-estimate of their logs,
+    started from the median; spread is the robust standard deviation of the
+    logs (1.4826 MAD, at least :data:`MIN_LOG_SCALE`)."""
+    x = np.log(np.asarray(samples, float))
+    m = float(np.median(x))
+    scale = max(MIN_LOG_SCALE, 1.4826 * float(np.median(np.abs(x - m))))
+    for _ in range(10):
+        r = x - m
+        w = np.minimum(1.0, HUBER_K * scale / np.maximum(np.abs(r), 1e-300))
+        new = float(np.sum(w * x) / np.sum(w))
+        if abs(new - m) < 1e-12:
+            break
+        m = new
+    return math.exp(m), scale
+
+
+@dataclass
+class Figure:
+    """What the history knows of one (kind, dtype, device).
+
+    Attributes:
+        kind, dtype, device: the key (device is the machine's device index).
+        unit: ``"FLOP/s"`` or ``"B/s"``.
+        samples: the last :data:`WINDOW` normalised rates (MEASURED).
+        runs: every run that ever updated it (samples keep only the last).
+        rate, log_scale: :func:`robust_rate` of the samples.
+        updated: when last updated (ISO 8601).
+    """
+
+    kind: str
+    dtype: str
+    device: int
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    runs: int = 0
+    rate: float = math.nan
+    log_scale: float = MIN_LOG_SCALE
+    updated: str = ""
+
+    def add(self, value: float) -> None:
+        self.samples = (self.samples + [float(value)])[-WINDOW:]
+        self.runs += 1
+        self.rate, self.log_scale = robust_rate(self.samples)
+        self.updated = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "dtype": self.dtype, "device": self.device,
+                "unit": self.unit, "rate": self.rate, "log_scale": self.log_scale,
+                "runs": self.runs, "samples": list(self.samples),
+                "updated": self.updated, "label": "MEASURED"}
+
+
+class History:
+    """The learned rates of one machine's devices (see the module docstring).
+
+    Args:
+        machine: the machine's name (it names the file).
+        figures: what is known already (empty for a new history).
+    """
+
+    def __init__(self, machine: str,
+                 figures: Mapping[tuple[str, str, int], Figure] | None = None):
+        self.machine = safe_name(machine)
+        self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
+
+    @property
+    def path(self) -> Path:
+        return history_path(self.machine)
+
+    # -- reading ------------------------------------------------------------
+
+    @classmethod
+    def load(cls, machine: str) -> History:
+        """The saved history of ``machine`` (empty if it has none).
+
+        Raises:
+            HistoryError: the file exists but is not a readable history.
+        """
+        path = history_path(machine)
+        if not path.exists():
+            return cls(machine)
+        return cls(machine, _read(path, machine))
+
+    def rate(self, kind: str, dtype: str, device: int) -> float | None:
+        """The learned rate (FLOP/s or B/s, MEASURED), or None if no run yet."""
+        fig = self.figures.get((kind, dtype, int(device)))
+        return fig.rate if fig is not None else None
+
+    def runs(self, kind: str, dtype: str, device: int) -> int:
+        """How many runs stand behind :meth:`rate` (0 if none)."""
+        fig = self.figures.get((kind, dtype, int(device)))
+        return fig.runs if fig is not None else 0
+
+    def __len__(self) -> int:
+        return len(self.figures)
+
+    # -- learning -----------------------------------------------------------
+
+    def update(self, task: TaskSpec, decision: Decision, result: Any,
+               snapshot: Snapshot | None = None) -> list[tuple[str, str, int]]:
+        """Learn from one executed run; return the keys it updated.
+
+        Args:
+            task, decision: what ran.
+            result: the backend's :class:`~lib.execution.base.Result`; its
+                ``metrics.per_device_seconds`` give each device's time.
+            snapshot: the telemetry the run started under. Its capacity
+                (``1 / slowdown``) normalises the rate when it was measured;
+                an unmeasured (simulated) snapshot says nothing about a real
+                run, so capacity 1 is assumed then, as without one.
+
+        Raises:
+            HistoryError: the run is PREDICTED (a model backend's), not MEASURED.
+        """
+        metrics = result.metrics
+        if not metrics.measured:
+            raise HistoryError(f"history: a {metrics.label} run teaches nothing; "
+                               "only MEASURED runs update it")
+        if metrics.verified is False:
+            return []   # timing of a wrong computation: not learned from
+        w = workload(task)
+        unit = "FLOP/s" if w.bound == "compute" else "B/s"
+        done = []
+        for dev, (lo, hi) in zip(decision.gpus, split_rows(task.split_size,
+                                                           decision.shares),
+                                 strict=True):
+            seconds = metrics.per_device_seconds.get(dev)
+            if hi <= lo or seconds is None or not seconds > 0:
+                continue
+            work = w.work(task, hi - lo)
+            amount = work.flops if w.bound == "compute" else work.mem_traffic
+            if amount <= 0:
+                continue
+            cap = 1.0 / snapshot.slowdown(dev) \
+                if snapshot is not None and snapshot.measured else 1.0
+            key = (task.kind, task.dtype, int(dev))
+            fig = self.figures.setdefault(key, Figure(*key, unit=unit))
+            fig.add(amount / (float(seconds) * cap))
+            done.append(key)
+        return done
+
+    # -- writing ------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "machine": self.machine,
+                "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "window": WINDOW,
+                "method": METHOD,
+                "figures": [self.figures[k].to_json() for k in sorted(self.figures)]}
+
+    def save(self) -> Path:
+        """Write atomically to ``<home>/history/<machine>.json``.
+
+        Raises:
+            HistoryError: the file there is malformed (it is left as it is).
+        """
+        if self.path.exists():
+            _read(self.path, self.machine)   # refuse to overwrite a bad file
+        return write_json_atomic(self.to_json(), self.path)
+
+
+def _read(path: Path, machine: str) -> dict[tuple[str, str, int], Figure]:
+    """Parse a history file; :class:`HistoryError` in one line if malformed."""
+    def bad(what: str) -> HistoryError:
+        return HistoryError(f"{path}: malformed history ({what}); not used and "
+                            "not overwritten: move it aside")
+
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise bad(f"not readable JSON: {exc}") from None
+    if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA:
+        raise bad(f"not a {SCHEMA} file")
+    if obj.get("machine") != machine:
+        raise bad(f"it is the history of {obj.get('machine')!r}, not {machine!r}")
+    figures = obj.get("figures")
+    if not isinstance(figures, list):
+        raise bad("no 'figures' list")
+    out: dict[tuple[str, str, int], Figure] = {}
+    for i, f in enumerate(figures):
+        try:
+            samples = [float(v) for v in f["samples"]]
+            device = f["device"]
+            if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+                raise ValueError(f"device {device!r}")
+            if not samples or not all(math.isfinite(v) and v > 0 for v in samples):
+                raise ValueError("samples must be positive numbers")
+            runs = int(f["runs"])
+            if runs < len(samples):
+                raise ValueError(f"runs {runs} < {len(samples)} samples")
+            fig = Figure(str(f["kind"]), str(f["dtype"]), device, str(f["unit"]),
+                         samples[-WINDOW:], runs, updated=str(f.get("updated", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"figure {i}: {exc}") from None
+        fig.rate, fig.log_scale = robust_rate(fig.samples)
+        out[(fig.kind, fig.dtype, fig.device)] = fig
+    return out
+
+
+def model_rate(machine: Machine, params: CostParams, kind: str, dtype: str,
+               device: int) -> float:
+    """The rate Eq. (1) assumes for device ``device`` (FLOP/s or B/s):
+    ``F e_k`` for compute-bound kinds, ``B e'_k`` otherwise."""
+    dev = machine.devices[device]
+    if workload(kind).bound == "compute":
+        return dev.peak_flops(dtype) * params.e(dev.kind, kind)
+    return dev.mem_bw * params.e_mem(dev.kind, kind)
+
+
+def params_with_history(params: CostParams, history: History, machine: Machine,
+                        min_runs: int = MIN_RUNS) -> CostParams:
+    """``params`` with each learned rate as a per-device efficiency correction.
+
+    For every figure with at least ``min_runs`` runs, ``device_eff[(device,
+    kind, dtype)] = learned rate / rate Eq. (1) assumes`` (:func:`model_rate`).
+    With no such figure the same ``params`` object comes back, so predictions
+    without history are exactly what they were.
+
+    Raises:
+        HistoryError: the history names a device ``machine`` does not have.
+    """
+    corrections = dict(params.device_eff)
+    used = 0
+    for (kind, dtype, device), fig in sorted(history.figures.items()):
+        if fig.runs < min_runs:
+            continue
+        if device >= machine.n:
+            raise HistoryError(f"history of {history.machine}: device {device} "
+                               f"does not exist on {machine.name} ({machine.n} "
+                               "devices)")
+        corrections[(device, kind, dtype)] = fig.rate / model_rate(
+            machine, params, kind, dtype, device)
+        used += 1
+    if not used:
+        return params
+    return replace(params, device_eff=corrections,
+                   source=f"{params.source} + history ({used} device figures)")
