@@ -27,6 +27,11 @@ expanded tokens by :func:`check_calls`:
 
 :func:`declarations` collects what the source declares; everything here is
 a function of its arguments.
+
+Why one module: the allowlist is only as good as the parser that decides what
+a call is (a name, a cast, a lambda, a type used as a function, a declaration);
+the declarations it collects and the call sites it judges must agree on every
+spelling, so both sides live here, the tables of names in ``rules``.
 """
 
 from __future__ import annotations

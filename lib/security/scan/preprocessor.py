@@ -21,6 +21,12 @@ before it is paid: each argument is expanded once per use of the macro,
 every token is charged to the run's budget before it is built, and one use
 may produce at most :data:`MAX_USE_TOKENS`; past either limit, or the nesting
 limit, it raises :class:`BudgetSpent`.
+
+Why one module: directives, conditional runs and expansion share one state per
+configuration (the macro table in force at each token, the hide sets, the
+expansion budget), and the compiler's behaviour that an attacker exploits
+lives in how they interleave (a ``#define`` inside a branch, an expansion
+that produces ``defined``); a reviewer follows one token through all three.
 """
 
 from __future__ import annotations
