@@ -89,3 +89,13 @@ def test_measured_rows_on_local_cpu():
     assert not r.to_markdown().startswith("> **Warning")
     states = {row.state for row in r.rows}
     assert states == {"idle", "busy"}
+
+
+def test_no_optimum_leaves_out_the_oracle_and_says_t2_cannot_pass():
+    report = evaluate("hetero-4", "model", "smoke", seed=0, progress=False,
+                      with_optimum=False)
+    assert "oracle" not in {r.policy for r in report.rows}
+    assert all(r.optimum_seconds is None for r in report.rows)
+    t2 = next(t for t in report.targets if t.id == "T2")
+    assert not t2.passed and "no optimum" in t2.value
+    assert any("--no-optimum" in n for n in report.notes)

@@ -15,6 +15,7 @@ from lib.cli.common import (
     add_seed,
     check_calibration,
     input_file,
+    repeats_type,
 )
 
 HELP = "Table 4, ablations, transfer and the targets T1-T7"
@@ -37,6 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                    "default the shipped one")
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown "
                                                      "report here")
+    p.add_argument("--repeats", type=repeats_type, default=None,
+                   help="timed repeats per measured run, medians taken (default: "
+                        "the budget's: 1, 3 or 5)")
+    p.add_argument("--no-optimum", action="store_true",
+                   help="leave out the exhaustive optimum (the oracle row and "
+                        "every ratio to it); T2 and T7 then do not pass")
     add_json(p)
     p.set_defaults(run=run)
     return p
@@ -63,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from lib.evaluation import evaluate
 
     report = evaluate(args.machine, args.backend, args.budget, seed=args.seed,
-                      policy_path=args.policy, progress=not args.json)
+                      policy_path=args.policy, progress=not args.json,
+                      repeats=args.repeats, with_optimum=not args.no_optimum)
     if args.markdown:
         Path(args.markdown).write_text(report.to_markdown())
     if args.json:
