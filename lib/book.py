@@ -133,7 +133,22 @@ def execute_notebook(source: Path, output: Path, *, machine: str, backend: str,
     except papermill.PapermillExecutionError as exc:
         raise BookError(f"notebook {source.name} failed in cell "
                         f"{exc.exec_count}: {exc.ename}: {exc.evalue}") from None
+    _show_parameters_once(output)
     return time.perf_counter() - start
+
+
+def _show_parameters_once(path: Path) -> None:
+    """Drop the notebook's own ``parameters`` cell from an executed copy when
+    papermill injected the values it ran with right after it: a reader sees
+    the values once, the ones that built the page."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    tags = [set(c.get("metadata", {}).get("tags", [])) for c in nb.cells]
+    if any("injected-parameters" in t for t in tags):
+        nb.cells = [c for c, t in zip(nb.cells, tags, strict=True)
+                    if "parameters" not in t or "injected-parameters" in t]
+        nbformat.write(nb, path)
 
 
 def build_book(machine: str = "hetero-4", backend: str = "model",

@@ -38,6 +38,10 @@ def _smoke(nb: Path, tmp: Path, machine: str = "hetero-4", backend: str = "model
 def test_notebook_smoke_run(book_env, nb):
     record, figures = _smoke(nb, book_env)
     assert record["machine"] == "hetero-4" and record["budget"] == "smoke"
+    executed = json.loads((book_env / "out" / nb.name).read_text())
+    tags = [c.get("metadata", {}).get("tags", []) for c in executed["cells"]]
+    # the values the page was built with appear once: papermill's cell only
+    assert sum("parameters" in t or "injected-parameters" in t for t in tags) == 1
     assert figures, f"{nb.stem} saved no figure under figures/hetero-4/"
     values = record["values"]
     if nb.stem == "m01-contract":
