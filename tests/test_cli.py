@@ -234,7 +234,7 @@ def test_every_command_has_a_description_and_help_on_every_option():
     assert list(commands) == [
         "doctor", "explain", "decide", "run", "validate", "characterise",
         "calibrate", "history", "codegen", "scan", "security-audit", "sweep",
-        "train", "evaluate", "bench", "book"]
+        "train", "evaluate", "bench", "book", "server-setup"]
     for name, p in commands.items():
         assert p.description, name
         for action in p._actions:

@@ -47,6 +47,7 @@ from lib.cli import (
     run,
     scan,
     security_audit,
+    server_setup,
     sweep,
     train,
     validate,
@@ -65,7 +66,8 @@ __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 #: The command modules, in the order ``gpuhive --help`` lists them; each has
 #: ``add_parser(subparsers)`` and ``run(args) -> int``.
 COMMANDS = (doctor, explain, decide, run, validate, characterise, calibrate,
-            history, codegen, scan, security_audit, sweep, train, evaluate, bench, book)
+            history, codegen, scan, security_audit, sweep, train, evaluate, bench,
+            book, server_setup)
 
 #: Errors that mean the input was bad: one line on stderr, exit status 2.
 BAD_INPUT = (UsageError, ContractError, MachineError, DecisionRejected,
