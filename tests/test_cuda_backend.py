@@ -9,6 +9,7 @@ import pytest
 
 from lib.contract import Decision, TaskSpec
 from lib.execution import BackendUnavailable, ExecutionError, get_backend
+from lib.execution.base import replan
 from lib.execution.cuda import (
     MATMUL_TILE,
     MAX_BLOCKS,
@@ -19,7 +20,6 @@ from lib.execution.cuda import (
     launch_geometry,
     launch_plan,
     probe,
-    replan,
     to_device_dtype,
 )
 from lib.platform.workloads import round_bf16

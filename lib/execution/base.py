@@ -7,13 +7,15 @@ says which, so a modelled number is never mistaken for a measurement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from lib.contract import Decision, TaskSpec
+from lib.platform.machines import Machine
 
 
 class BackendUnavailable(RuntimeError):
@@ -130,3 +132,26 @@ def repeat_timed(once: Callable[[], tuple[Any, dict[int, float], float]],
             for g, t in times.items():
                 per_dev.setdefault(g, []).append(t)
     return result, per_dev, totals
+
+
+def replan(decision: Decision, failed: int) -> Decision:
+    """The decision without device ``failed``, shares renormalised (unhashed)."""
+    keep = [(g, s) for g, s in zip(decision.gpus, decision.shares, strict=True)
+            if g != failed and s > 0]
+    if not keep:
+        raise ExecutionError(f"no device left after device {failed} failed")
+    total = math.fsum(s for _, s in keep)
+    shares = [s / total for _, s in keep]
+    shares[-1] = 1.0 - math.fsum(shares[:-1])
+    mode = "single" if len(keep) == 1 and decision.mode == "split" else decision.mode
+    path = decision.comm_path if len(keep) > 1 else "host"
+    return replace(decision, gpus=tuple(g for g, _ in keep), shares=tuple(shares),
+                   mode=mode, comm_path=path, config_hash="")
+
+
+def check_devices(decision: Decision, machine: Machine) -> None:
+    """ExecutionError naming the first device of ``decision`` that ``machine``
+    does not have (a backend's first check, before anything is staged)."""
+    for g in decision.gpus:
+        if not 0 <= g < machine.n:
+            raise ExecutionError(f"device {g} does not exist on {machine.name}")

@@ -42,9 +42,9 @@ from lib.contract import Decision, TaskSpec
 from lib.execution.base import (
     BackendUnavailable,
     DeviceError,
-    ExecutionError,
     ExecutionMetrics,
     Result,
+    check_devices,
     repeat_timed,
 )
 from lib.platform.machines import Machine
@@ -276,10 +276,7 @@ class CpuBackend:
     def run(self, task: TaskSpec, decision: Decision, *,
             verify: bool = False) -> Result:
         """Run the decision on the workers; MEASURED times, medians of repeats."""
-        for g in decision.gpus:
-            if not 0 <= g < self.machine.n:
-                raise ExecutionError(f"device {g} does not exist on "
-                                     f"{self.machine.name}")
+        check_devices(decision, self.machine)
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)

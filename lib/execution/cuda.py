@@ -73,7 +73,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,7 @@ from lib.execution.base import (
     ExecutionMetrics,
     Result,
     repeat_timed,
+    replan,
 )
 from lib.platform.cudastack import probe
 from lib.platform.machines import Machine
@@ -214,21 +215,6 @@ def from_device_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16" and x.dtype == np.uint16:
         return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
     return x
-
-
-def replan(decision: Decision, failed: int) -> Decision:
-    """The decision without device ``failed``, shares renormalised (unhashed)."""
-    keep = [(g, s) for g, s in zip(decision.gpus, decision.shares, strict=True)
-            if g != failed and s > 0]
-    if not keep:
-        raise ExecutionError(f"no device left after device {failed} failed")
-    total = math.fsum(s for _, s in keep)
-    shares = [s / total for _, s in keep]
-    shares[-1] = 1.0 - math.fsum(shares[:-1])
-    mode = "single" if len(keep) == 1 and decision.mode == "split" else decision.mode
-    path = decision.comm_path if len(keep) > 1 else "host"
-    return replace(decision, gpus=tuple(g for g, _ in keep), shares=tuple(shares),
-                   mode=mode, comm_path=path, config_hash="")
 
 
 def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:

@@ -61,9 +61,10 @@ from lib.execution.base import (
     ExecutionError,
     ExecutionMetrics,
     Result,
+    check_devices,
     repeat_timed,
+    replan,
 )
-from lib.execution.cuda import replan
 from lib.platform.dask_cluster import (
     DaskCluster,
     cluster_for,
@@ -218,10 +219,7 @@ class DaskBackend:
     def run(self, task: TaskSpec, decision: Decision, *,
             verify: bool = False) -> Result:
         """Run the decision on the workers; MEASURED times, medians of repeats."""
-        for g in decision.gpus:
-            if not 0 <= g < self.machine.n:
-                raise ExecutionError(f"device {g} does not exist on "
-                                     f"{self.machine.name}")
+        check_devices(decision, self.machine)
         detail: dict[str, Any] = {}
         try:
             merged, per_dev, totals, info = self._timed(task, decision)
