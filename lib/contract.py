@@ -96,8 +96,10 @@ MEASURING_BACKENDS: tuple[str, ...] = ("cpu", "cuda", "dask")
 #: Block sizes (threads per block) a policy chooses from, and the default.
 BLOCKS: tuple[int, ...] = (64, 128, 256, 512, 1024)
 DEFAULT_BLOCK = 256
-#: Chunks per largest shard in pipelined mode: the grid the optimum searches
-#: and the learned policy chooses from.
+#: Chunks per largest shard in pipelined mode that the eight-slot policy chose
+#: from; the learned policy now chooses from ``lib.policies.actions.CHUNKS`` and
+#: the optimum searches a superset (``lib.policies.oracle.CHUNK_COUNTS``) and
+#: refines the chunk size.
 PIPELINE_CHUNKS: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
 
 #: Largest value of any dimension (kernels index with 64-bit offsets, but a

@@ -16,13 +16,16 @@ every decision with Gate 1 whatever its origin, and never runs a rejected one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lib.contract import Decision, TaskSpec
+from lib.costmodel.history import History
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
 from lib.policies.baselines import Policy
+from lib.policies.learned import load_policy
 from lib.policies.registry import default_policy
 from lib.security import Verdict, check_decision
 
@@ -39,20 +42,23 @@ class Agent:
     """Decide and execute tasks on one machine.
 
     Args:
-        policy: anything with ``decide(task, machine, telemetry) -> Decision``;
-            default the shipped learned policy (trained for ``hetero-4``; see
-            :func:`lib.policies.learned.load_policy`), or proportional-to-peak where
-            no policy file ships.
+        policy: anything with ``decide(task, machine, telemetry) -> Decision``,
+            or the path of a policy file (``str`` or ``Path``, loaded with
+            :func:`lib.policies.learned.load_policy`); default the shipped
+            learned policy, one for every machine, or proportional-to-peak
+            where no policy file ships.
         machine: a profile name or a :class:`~lib.platform.machines.Machine`.
         backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
         telemetry: live state handed to the policy and to Gate 1.
         backend_options: passed to the backend (``seed``, ``repeats``...).
     """
 
-    def __init__(self, policy: Policy | None = None,
+    def __init__(self, policy: Policy | str | Path | None = None,
                  machine: str | Machine = "hetero-4",
                  backend: str | Backend = "model",
                  telemetry: Snapshot | None = None, **backend_options: Any):
+        if isinstance(policy, (str, Path)):
+            policy = load_policy(policy)
         self.policy = policy or default_policy()
         self.machine = load_machine(machine)
         self.telemetry = telemetry
@@ -70,6 +76,13 @@ class Agent:
             self._backend = get_backend(str(self._backend_spec), self.machine,
                                         **options)
         return self._backend
+
+    def notes(self) -> list[str]:
+        """Where this machine lies outside what the policy was trained on
+        (more devices, card models it never met), one line each; empty
+        inside it, or for a policy that does not say."""
+        notes = getattr(self.policy, "notes", None)
+        return list(notes(self.machine)) if callable(notes) else []
 
     def validate(self, task: TaskSpec, decision: Any) -> Verdict:
         """Gate 1 on ``decision`` for ``task`` on this machine (never raises)."""
@@ -99,7 +112,12 @@ class Agent:
         verdict = self.validate(task, decision)
         if not verdict.accepted:
             raise DecisionRejected(verdict)
-        return self.backend.run(task, decision, verify=verify)
+        result = self.backend.run(task, decision, verify=verify)
+        if result.metrics.measured:  # MEASURED runs teach; PREDICTED ones cannot
+            history = History.load(self.machine.name)
+            history.update(task, decision, result, self.telemetry)
+            history.save()
+        return result
 
     def close(self) -> None:
         """Release the backend's workers or devices."""

@@ -39,6 +39,13 @@ def safe_name(machine_name: str) -> str:
     return machine_name
 
 
+def file_stem(machine_name: str) -> str:
+    """A file name for any machine name, Dask addresses included
+    (``dask://host:8786`` -> ``dask_host_8786``); plain names are unchanged."""
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in machine_name)
+    return safe_name(stem.replace("___", "_").strip("_") or "_")
+
+
 def calibration_path(machine_name: str) -> Path:
     """``<home>/calibration/<machine>.json``."""
     return gpuhive_home() / "calibration" / f"{safe_name(machine_name)}.json"

@@ -14,7 +14,7 @@ from lib.contract import ContractError, Decision, TaskSpec, canonical_json, conf
 from lib.platform.telemetry import busy
 from lib.policies.observation import (
     DEVICE_FEATURES,
-    STATE_DIM,
+    DEVICE_FIELDS,
     STATE_FIELDS,
     TASK_FEATURES,
     encode_state,
@@ -167,26 +167,27 @@ def test_parsing_arbitrary_values_raises_only_contract_errors(value):
 
 def test_state_encoding_layout(hetero4):
     task = TaskSpec.from_json(TASK_JSON)
-    x = encode_state(task, hetero4)
-    assert x.shape == (STATE_DIM,) and x.dtype == np.float32
-    assert len(STATE_FIELDS) == STATE_DIM == TASK_FEATURES + 8 * DEVICE_FEATURES
-    assert x[0] == 1.0 and x[1:5].sum() == 0  # kind one-hot: matmul
-    names = [name for name, _ in STATE_FIELDS]
-    assert x[names.index("dev3.present")] == 1.0
-    assert x[names.index("dev4.present")] == 0.0
-    peak = [x[names.index(f"dev{i}.peak_frac")] for i in range(4)]
-    assert peak[0] > peak[3] and abs(sum(peak) - 1) < 1e-6
-    assert np.isfinite(x).all()
+    state = encode_state(task, hetero4)
+    assert state.task.shape == (TASK_FEATURES,)
+    assert state.devices.shape == (4, DEVICE_FEATURES) and state.index == (0, 1, 2, 3)
+    assert len(STATE_FIELDS) == TASK_FEATURES + DEVICE_FEATURES
+    assert state.task[0] == 1.0 and state.task[1:5].sum() == 0  # kind one-hot
+    names = [name for name, _ in DEVICE_FIELDS]
+    peak = state.devices[:, names.index("peak_frac")]
+    assert peak[0] > peak[3] and abs(peak.sum() - 1) < 1e-6
+    assert np.isfinite(state.task).all() and np.isfinite(state.devices).all()
+
 
 
 def test_state_encoding_reads_telemetry(hetero4):
     task = TaskSpec.from_json(TASK_JSON)
     snap = busy(hetero4, [0.0, 0.5, 0.0, 0.0], healthy=[True, True, True, False])
-    x = encode_state(task, hetero4, snap)
-    names = [name for name, _ in STATE_FIELDS]
-    assert x[names.index("dev1.util")] == pytest.approx(0.5)
-    assert x[names.index("dev3.healthy")] == 0.0
-    assert x[names.index("dev0.healthy")] == 1.0
+    state = encode_state(task, hetero4, snap)
+    names = [name for name, _ in DEVICE_FIELDS]
+    assert state.index == (0, 1, 2)  # the unhealthy device is not in the set
+    assert state.devices[1, names.index("util")] == pytest.approx(0.5)
+    assert state.devices[0, names.index("util")] == 0.0
+
 
 
 # --------------------------------------------------------------------------
@@ -244,10 +245,12 @@ def test_canonical_json_follows_a_task_changed_in_place():
 
 def test_task_features_are_the_state_head(hetero4):
     task = TaskSpec("stencil", {"H": 4096, "W": 1000, "T": 7}, "fp16")
-    head = np.zeros(TASK_FEATURES, dtype=np.float32)
+    head = np.zeros(TASK_FEATURES)
     encode_task(task, head)
     assert head.any()
-    assert np.array_equal(head, encode_state(task, hetero4)[:TASK_FEATURES])
+    own = TASK_FEATURES - 5  # the set.* entries follow the task's own
+    assert np.array_equal(head[:own], encode_state(task, hetero4).task[:own])
+
 
 
 def test_the_hash_memo_never_outlives_a_change():

@@ -1,11 +1,18 @@
-"""The runtime Agent: optimize (policy, hash, Gate 1) and execute (Gate 1, run)."""
+"""The runtime Agent: optimize (policy, hash, Gate 1) and execute (Gate 1, run),
+with the one shipped policy on every machine."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from lib.contract import Decision, TaskSpec
+from lib.learners.ppo import PolicyFormatError
+from lib.platform.machines import load_machine, machine_from_json
 from lib.policies.baselines import EqualSplit
+from lib.policies.learned import DEFAULT_POLICY
 from lib.runtime import Agent, DecisionRejected
 
 TASK = TaskSpec("matmul", {"M": 2048, "N": 2048, "K": 2048})
@@ -20,11 +27,59 @@ def test_default_agent_uses_the_shipped_policy_on_hetero4():
     assert r.metrics.label == "PREDICTED (model)"
 
 
+@pytest.mark.parametrize("machine", ["uni-server-1gpu", "uni-server-2gpu-induced",
+                                     "local-cpu"])
+def test_the_shipped_policy_is_the_default_on_every_machine(machine):
+    agent = Agent(machine=machine)
+    assert agent.policy.name == "rl-ppo"
+    d = agent.optimize(TASK)
+    assert set(d.gpus) <= set(range(agent.machine.n))
+
+
+def test_a_policy_file_path_is_a_policy(tmp_path):
+    path = tmp_path / "mine.npz"
+    path.write_bytes(DEFAULT_POLICY.read_bytes())
+    for spec in (str(path), path):
+        agent = Agent(policy=spec)
+        assert agent.policy.name == "rl-ppo"
+        assert agent.optimize(TASK) == Agent().optimize(TASK)
+
+
 def test_without_a_policy_file_the_default_is_proportional(monkeypatch, tmp_path):
     import lib.policies.learned as policy
 
     monkeypatch.setattr(policy, "DEFAULT_POLICY", tmp_path / "missing.npz")
     assert Agent().policy.name == "proportional-peak"
+
+
+def test_a_broken_shipped_file_is_an_error_not_a_baseline(monkeypatch, tmp_path):
+    import lib.policies.learned as policy
+
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"not a policy")
+    monkeypatch.setattr(policy, "DEFAULT_POLICY", broken)
+    with pytest.raises(PolicyFormatError, match="not a readable policy file"):
+        Agent()
+
+
+def test_notes_say_where_a_machine_is_outside_training():
+    inside = Agent(machine="hetero-4")
+    assert inside.notes() == []
+    big = machine_from_json({"name": "big-h200", "devices": [
+        {"catalog": "H200 SXM"} for _ in range(20)]})
+    notes = Agent(machine=big).notes()
+    assert len(notes) == 2
+    assert "20 devices" in notes[0] and "at most 16" in notes[0]
+    assert "H200 SXM" in notes[1]
+    assert Agent(policy=EqualSplit(), machine=big).notes() == []
+
+
+def test_the_shipped_header_says_what_it_was_trained_on():
+    with np.load(DEFAULT_POLICY, allow_pickle=False) as npz:
+        head = json.loads(str(npz["header"]))
+    seen = head["trained_on"]
+    assert seen["max_devices"] >= 16
+    assert "H100 SXM" in seen["models"] and "H200 SXM" not in seen["models"]
 
 
 def test_execute_refuses_a_tampered_decision():
@@ -53,3 +108,11 @@ def test_agent_on_local_cpu_measures(local_cpu):
     with Agent(machine="local-cpu", backend="cpu") as agent:
         r = agent.execute(task, agent.optimize(task), verify=True)
     assert r.metrics.measured and r.metrics.verified
+
+
+def test_sixteen_devices_are_decided(hetero4):
+    sixteen = machine_from_json({"name": "sixteen", "nccl": True, "devices": [
+        {"catalog": d.name} for d in hetero4.devices] * 4})
+    d = Agent(machine=sixteen).optimize(TaskSpec("reduce", {"N": 1 << 28}))
+    assert len(d.gpus) >= 8
+    assert load_machine(sixteen).n == 16

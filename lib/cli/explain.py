@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"task        {task.describe()} on {agent.machine.name}"
              f"{' (simulated)' if agent.machine.simulated else ''}",
              f"policy      {agent.policy.name}",
+             *(f"note        {note}" for note in agent.notes()),
              f"decision    {decision.describe()}",
              f"config_hash {decision.config_hash}",
              f"PREDICTED breakdown (model backend, cost model Eq. (1), "
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                  f"({best.decision.describe()}); this decision takes "
                  f"{pred.total / best.total:.2f}x of it")
     emit(args, {"task": task.to_json(), "machine": agent.machine.name,
-                "policy": agent.policy.name, "decision": decision.to_json(),
+                "policy": agent.policy.name, "notes": agent.notes(),
+                "decision": decision.to_json(),
                 "prediction": pred.to_json(),
                 "equal_split_seconds": ref.total if ref else None,
                 "optimum_seconds": best.total,

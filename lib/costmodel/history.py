@@ -48,7 +48,7 @@ from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
-from lib.storage import gpuhive_home, safe_name, write_json_atomic
+from lib.storage import file_stem, gpuhive_home, write_json_atomic
 
 SCHEMA = "gpuhive.history/1"
 #: Samples kept per figure (the most recent).
@@ -74,7 +74,7 @@ class HistoryError(CalibrationError):
 
 def history_path(machine_name: str) -> Path:
     """``<home>/history/<machine>.json``."""
-    return gpuhive_home() / "history" / f"{safe_name(machine_name)}.json"
+    return gpuhive_home() / "history" / f"{file_stem(machine_name)}.json"
 
 
 def robust_rate(samples: Sequence[float]) -> tuple[float, float]:
@@ -140,7 +140,8 @@ class History:
 
     def __init__(self, machine: str,
                  figures: Mapping[tuple[str, str, int], Figure] | None = None):
-        self.machine = safe_name(machine)
+        self.machine = machine
+        file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
 
     @property

@@ -7,8 +7,8 @@ Importing this package registers ``GPUHive-Split-v0``::
 
     env = gymnasium.make("GPUHive-Split-v0", machine="hetero-4", mode="task")
 
-- :mod:`lib.policies.actions` -- observation and action spaces, masks, action <->
-  decision;
+- :mod:`lib.policies.actions` -- observation and action spaces, masks, the
+  decoder from action to decision;
 - :mod:`lib.env.split` -- :class:`SplitEnv` (task and stream modes, the reward,
   the occupancy model) and its :class:`EnvConfig`;
 - :mod:`lib.env.curriculum` -- :class:`Curriculum`, machine and task sampling,
@@ -24,7 +24,9 @@ from lib.env.curriculum import (
     DEFAULT_STAGES,
     HELD_OUT_MODELS,
     HELD_OUT_STAGE,
+    HELD_OUT_TOPOLOGIES,
     TRAINING_MODELS,
+    TRAINING_TOPOLOGIES,
     Curriculum,
     Stage,
     held_out_machines,
@@ -36,6 +38,8 @@ from lib.env.split import EnvConfig, SplitEnv, stream_seconds
 from lib.policies.actions import (
     CHUNKS,
     OBS_KEYS,
+    SLOTS,
+    Decoder,
     action_from_decision,
     action_space,
     decision_from_action,
@@ -55,7 +59,8 @@ if ENV_ID not in gymnasium.registry:
 
 __all__ = [
     "BLOCKS", "CHUNKS", "DEFAULT_STAGES", "ENV_ID", "HELD_OUT_MODELS",
-    "HELD_OUT_STAGE", "OBS_KEYS", "TRAINING_MODELS", "BatchModelEnv", "Curriculum",
+    "HELD_OUT_STAGE", "HELD_OUT_TOPOLOGIES", "OBS_KEYS", "SLOTS", "TRAINING_MODELS",
+    "TRAINING_TOPOLOGIES", "BatchModelEnv", "Curriculum", "Decoder",
     "EnvConfig", "SplitEnv", "Stage", "action_from_decision", "action_space",
     "decision_from_action", "equal_split_action",
     "flatten_observation", "held_out_machines", "masks", "observation_space",

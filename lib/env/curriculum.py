@@ -1,27 +1,41 @@
 """The training curriculum: which machines, tasks and loads a policy meets, in order.
 
-Stages go from easy to hard (:data:`DEFAULT_STAGES`):
+One policy is trained for every machine, so the curriculum covers the catalog:
+1 to 16 devices, identical sets, induced clock-locked cards, NVSwitch boxes,
+PCIe-only boxes, mixed generations, the shipped profiles and CPU cores, idle
+and busy (one or several devices loaded). Stages go from easy to hard
+(:data:`DEFAULT_STAGES`):
 
-1. ``homogeneous`` -- 2-4 identical cards, large tasks, idle devices;
-2. ``heterogeneous`` -- 2-4 different cards (or the shipped ``hetero-4``);
-3. ``small-tasks`` -- the same machines, tasks from tiny to large, where launch
-   and transfer latencies make using fewer devices right;
-4. ``busy`` -- the same, with seeded background load on the devices
-   (:class:`lib.platform.telemetry.SimulatedTelemetry`);
-5. ``catalog`` -- 2-8 cards drawn from the GPU catalog with a random topology.
+1. ``identical`` -- 1-8 identical cards, large tasks, idle devices;
+2. ``mixed`` -- 2-8 cards of mixed generations, tasks from tiny to large (where
+   launch and transfer latencies make using fewer devices right), idle;
+3. ``shipped`` -- the shipped profiles (``hetero-4``, ``uni-server-1gpu``,
+   ``uni-server-2gpu-induced``) and 1-8 CPU cores like ``local-cpu``, with
+   background load on a fifth of the devices;
+4. ``busy`` -- every kind of machine of 1-8 devices with seeded background
+   load (:class:`lib.platform.telemetry.SimulatedTelemetry`) on 40 % of them;
+5. ``catalog`` -- every kind of machine of 1-16 devices, idle or loaded.
 
-Machines come from :data:`lib.platform.machines.GPU_CATALOG` less
-:data:`HELD_OUT_MODELS`:
-no training stage ever builds a machine with a held-out model, so every machine
-of :func:`held_out_machines` (each holds at least one held-out model) is one a
-policy has never been trained on -- the zero-shot transfer test (T7).
+Machine kinds (:data:`MACHINE_KINDS`): ``identical`` (one model, a topology it
+can have), ``induced`` (identical cards, some clock-locked to 40-90 %, like
+``uni-server-2gpu-induced``), ``mixed`` (models drawn independently),
+``shipped``, ``cpu`` (CPU cores as devices), ``catalog`` (a draw among those
+five) and ``held-out``. Device counts are drawn log-uniformly over a stage's
+range, so small machines are common and 12-16 devices still appear.
 
-Random topologies (:data:`TOPOLOGIES`): ``host-only`` (every copy through the
-host), ``pcie-p2p`` (every pair peer-to-peer over PCIe), ``nvlink-pairs``
-(devices 0-1, 2-3, ... bridged; NVLink where both cards have it, else PCIe
-peer-to-peer), ``nvswitch`` (every pair of NVLink cards at NVLink rate), and
-``random`` (each pair linked with probability 1/2). NCCL is present with
-probability 3/4.
+Topologies (:data:`TOPOLOGIES`): ``host-only`` (every copy through the host),
+``pcie-p2p`` (a PCIe-only box: every pair peer-to-peer over PCIe),
+``nvlink-pairs`` (devices 0-1, 2-3, ... bridged; NVLink where both cards have
+it, else PCIe peer-to-peer), ``nvswitch`` (every pair of NVLink cards at NVLink
+rate), ``random`` (each pair linked with probability 1/2); and, held out,
+``nvlink-ring`` (device i to i+1 over NVLink) and ``islands`` (two NVSwitch
+halves joined through the host). NCCL is present with probability 3/4.
+
+Held out for the transfer test (T7): the card models of :data:`HELD_OUT_MODELS`
+and the topologies of :data:`HELD_OUT_TOPOLOGIES`. No training stage ever builds
+a machine with either, so every machine of :func:`held_out_machines` (each holds
+at least one held-out model, and the first has 12 or more devices) is one a
+policy has never been trained on.
 
 Tasks (:func:`sample_task`) are the five kinds with a footprint drawn
 log-uniformly in a stage's range of bytes (10 KB to 10 GB by default: six orders
@@ -45,6 +59,7 @@ from lib.platform.machines import (
     LINK_KINDS,
     Machine,
     load_machine,
+    local_cpu_machine,
     machine_from_json,
 )
 from lib.platform.telemetry import Snapshot
@@ -56,14 +71,29 @@ HELD_OUT_MODELS: tuple[str, ...] = ("H200 SXM", "L4", "RTX 3090")
 #: Catalog models the training stages draw from.
 TRAINING_MODELS: tuple[str, ...] = tuple(m for m in GPU_CATALOG
                                          if m not in HELD_OUT_MODELS)
-TOPOLOGIES = ("host-only", "pcie-p2p", "nvlink-pairs", "nvswitch", "random")
-MACHINE_KINDS = ("homogeneous", "heterogeneous", "catalog", "held-out")
+#: Topologies the training stages draw from.
+TRAINING_TOPOLOGIES = ("host-only", "pcie-p2p", "nvlink-pairs", "nvswitch",
+                       "random")
+#: Topologies only held-out machines have.
+HELD_OUT_TOPOLOGIES = ("nvlink-ring", "islands")
+TOPOLOGIES = TRAINING_TOPOLOGIES + HELD_OUT_TOPOLOGIES
+MACHINE_KINDS = ("identical", "induced", "mixed", "shipped", "cpu", "catalog",
+                 "held-out")
+#: How a ``catalog`` draw picks the kind of machine.
+CATALOG_MIX: dict[str, float] = {"identical": 0.2, "induced": 0.1, "mixed": 0.4,
+                                 "shipped": 0.15, "cpu": 0.15}
+#: Shipped GPU profiles a ``shipped`` draw loads (the rest are CPU cores).
+SHIPPED_PROFILES = ("hetero-4", "uni-server-1gpu", "uni-server-2gpu-induced")
+#: Fraction of ``shipped`` draws that are CPU cores (``local-cpu``-like).
+P_SHIPPED_CPU = 0.4
+#: Most CPU cores a ``cpu`` machine has (``local-cpu`` takes at most 8).
+MAX_CPU_CORES = 8
 #: dtypes of sampled tasks and how often each appears.
 TASK_DTYPES = ("fp32", "fp16", "bf16", "fp64")
 TASK_DTYPE_P = (0.55, 0.2, 0.15, 0.1)
-#: Probability that a ``heterogeneous`` stage hands out the shipped hetero-4.
-P_SHIPPED = 0.25
 P_NCCL = 0.75
+#: Devices of the first held-out machine (the transfer test's large one).
+HELD_OUT_LARGE = (12, 16)
 #: Times a task is halved before sampling gives up on fitting it.
 SHRINK_TRIES = 40
 
@@ -75,11 +105,13 @@ class Stage:
     Attributes:
         name: short name (``"busy"``).
         machines: how machines are drawn: one of :data:`MACHINE_KINDS`.
-        devices: inclusive range of the number of devices (at most 8).
+        devices: inclusive range of the number of devices (1 to 64).
         log10_bytes: range of log10 of a task's footprint in bytes (4 to 10).
         p_busy: steady-state probability that a device carries background load
             (0 idle; 0.3-0.5 busy).
         steps: environment steps the stage lasts in a training schedule.
+        p_idle: probability that a machine's background load is off
+            altogether (idle states stay common on large machines).
     """
 
     name: str
@@ -88,17 +120,19 @@ class Stage:
     log10_bytes: tuple[float, float] = (4.0, 10.0)
     p_busy: float = 0.0
     steps: int = 100_000
+    p_idle: float = 0.0
 
 
 DEFAULT_STAGES: tuple[Stage, ...] = (
-    Stage("homogeneous", "homogeneous", (2, 4), (8.5, 10.0), 0.0, 50_000),
-    Stage("heterogeneous", "heterogeneous", (2, 4), (8.5, 10.0), 0.0, 100_000),
-    Stage("small-tasks", "heterogeneous", (2, 4), (4.0, 10.0), 0.0, 100_000),
-    Stage("busy", "heterogeneous", (2, 4), (4.0, 10.0), 0.4, 100_000),
-    Stage("catalog", "catalog", (2, 8), (4.0, 10.0), 0.4, 200_000),
+    Stage("identical", "identical", (1, 8), (8.5, 10.0), 0.0, 50_000),
+    Stage("mixed", "mixed", (2, 8), (4.0, 10.0), 0.0, 100_000),
+    Stage("shipped", "shipped", (1, 8), (4.0, 10.0), 0.2, 100_000, p_idle=0.4),
+    Stage("busy", "catalog", (1, 8), (4.0, 10.0), 0.4, 100_000, p_idle=0.2),
+    Stage("catalog", "catalog", (1, 16), (4.0, 10.0), 0.3, 200_000, p_idle=0.4),
 )
 #: Where evaluation machines come from; never a training stage.
-HELD_OUT_STAGE = Stage("held-out", "held-out", (2, 8), (4.0, 10.0), 0.4, 0)
+HELD_OUT_STAGE = Stage("held-out", "held-out", (2, 16), (4.0, 10.0), 0.3, 0,
+                       p_idle=0.4)
 
 
 @dataclass(frozen=True)
@@ -183,76 +217,152 @@ def _peer(models: Sequence[str], a: int, b: int, nvlink: bool) -> dict:
             "note": "curriculum: PCIe peer-to-peer behind one switch"}
 
 
-def random_machine(rng: np.random.Generator, models: Sequence[str],
-                   name: str) -> Machine:
-    """A simulated machine of ``models`` (one device each) and a random topology
-    from :data:`TOPOLOGIES`."""
+def topology_peers(rng: np.random.Generator, models: Sequence[str],
+                   topology: str) -> list[dict]:
+    """The peer links (profile JSON) of ``topology`` over ``models``."""
     k = len(models)
-    topology = TOPOLOGIES[int(rng.integers(len(TOPOLOGIES)))]
     pairs = [(a, b) for a in range(k) for b in range(a + 1, k)]
     if topology == "host-only":
-        peers = []
-    elif topology == "pcie-p2p":
-        peers = [_peer(models, a, b, nvlink=False) for a, b in pairs]
-    elif topology == "nvlink-pairs":
-        peers = [_peer(models, a, a + 1, nvlink=True)
-                 for a in range(0, k - 1, 2)]
-    elif topology == "nvswitch":
-        peers = [_peer(models, a, b, nvlink=True) for a, b in pairs
-                 if GPU_CATALOG[models[a]][7] > 0 and GPU_CATALOG[models[b]][7] > 0]
-    else:
+        return []
+    if topology == "pcie-p2p":
+        return [_peer(models, a, b, nvlink=False) for a, b in pairs]
+    if topology == "nvlink-pairs":
+        return [_peer(models, a, a + 1, nvlink=True) for a in range(0, k - 1, 2)]
+    if topology == "nvswitch":
+        return [_peer(models, a, b, nvlink=True) for a, b in pairs
+                if GPU_CATALOG[models[a]][7] > 0 and GPU_CATALOG[models[b]][7] > 0]
+    if topology == "random":
         linked = rng.random(len(pairs)) < 0.5
-        peers = [_peer(models, a, b, nvlink=True)
-                 for (a, b), keep in zip(pairs, linked, strict=True) if keep]
+        return [_peer(models, a, b, nvlink=True)
+                for (a, b), keep in zip(pairs, linked, strict=True) if keep]
+    if topology == "nvlink-ring":
+        return [_peer(models, a, a + 1, nvlink=True) for a in range(k - 1)]
+    if topology == "islands":
+        half = (k + 1) // 2
+        return [_peer(models, a, b, nvlink=True) for a, b in pairs
+                if (a < half) == (b < half)]
+    raise ValueError(f"unknown topology {topology!r}; expected one of "
+                     f"{', '.join(TOPOLOGIES)}")
+
+
+def random_machine(rng: np.random.Generator, models: Sequence[str], name: str,
+                   topology: str | None = None,
+                   scales: Sequence[float] | None = None,
+                   topologies: Sequence[str] = TRAINING_TOPOLOGIES) -> Machine:
+    """A simulated machine of ``models`` (one device each).
+
+    Args:
+        topology: one of :data:`TOPOLOGIES`; None draws one of ``topologies``.
+        scales: per device, an induced slow-down (clock lock) of its
+            arithmetic and memory throughput (1.0: none).
+    """
+    k = len(models)
+    if topology is None:
+        topology = topologies[int(rng.integers(len(topologies)))]
+    peers = topology_peers(rng, models, topology)
+    induced = scales is not None and any(s != 1.0 for s in scales)
+    devices = [{"catalog": m} for m in models]
+    if scales is not None:
+        for d, sc in zip(devices, scales, strict=True):
+            if sc != 1.0:
+                d["scale"] = float(sc)
+                d["note"] = f"induced: clock-locked to {sc:.0%} (curriculum)"
     return machine_from_json({
         "name": f"{name}-{k}gpu-{topology}",
         "description": f"Simulated curriculum machine: {', '.join(models)}; "
-                       f"topology {topology}.",
-        "simulated": True, "nccl": bool(rng.random() < P_NCCL),
-        "host_mem_bw": 100e9,
-        "devices": [{"catalog": m} for m in models], "peers": peers,
+                       f"topology {topology}"
+                       f"{'; induced heterogeneity' if induced else ''}.",
+        "simulated": True, "induced": induced,
+        "nccl": bool(rng.random() < P_NCCL) and k > 1,
+        "host_mem_bw": 100e9, "devices": devices, "peers": peers,
     })
+
+
+def _count(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """A device count log-uniform over ``[lo, hi]`` (small machines common)."""
+    x = math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))
+    return int(min(hi, max(lo, math.floor(x))))
 
 
 def sample_machine(rng: np.random.Generator, stage: Stage) -> Machine:
     """A machine for ``stage`` (rules in the module docstring).
 
-    Training stages use :data:`TRAINING_MODELS` only; the ``held-out`` stage puts
-    at least one of :data:`HELD_OUT_MODELS` in every machine.
+    Training stages use :data:`TRAINING_MODELS` and
+    :data:`TRAINING_TOPOLOGIES` only; the ``held-out`` stage puts at least one
+    of :data:`HELD_OUT_MODELS` in every machine.
     """
     lo, hi = stage.devices
-    if not 1 <= lo <= hi <= 8:
+    if not 1 <= lo <= hi <= 64:
         raise ValueError(f"stage {stage.name!r}: device range {stage.devices} must "
-                         "lie in [1, 8]")
-    k = int(rng.integers(lo, hi + 1))
+                         "lie in [1, 64]")
+    kind = stage.machines
+    if kind not in MACHINE_KINDS:
+        raise ValueError(f"stage {stage.name!r}: unknown machine kind {kind!r}; "
+                         f"expected one of {', '.join(MACHINE_KINDS)}")
+    if kind == "catalog":
+        names = list(CATALOG_MIX)
+        p = np.array([CATALOG_MIX[n] for n in names])
+        kind = names[int(rng.choice(len(names), p=p / p.sum()))]
+    if kind == "held-out":
+        return _held_out_machine(rng, _count(rng, lo, hi), stage.name)
     pool = list(TRAINING_MODELS)
-    if stage.machines == "homogeneous":
-        models = [pool[int(rng.integers(len(pool)))]] * k
-    elif stage.machines == "heterogeneous":
-        if lo <= 4 <= hi and rng.random() < P_SHIPPED:
-            return load_machine("hetero-4")
-        models = [pool[i] for i in rng.choice(len(pool), size=k,
-                                              replace=k > len(pool))]
-    elif stage.machines == "catalog":
-        models = [pool[i] for i in rng.integers(len(pool), size=k)]
-    elif stage.machines == "held-out":
-        everything = list(GPU_CATALOG)
-        models = [everything[i] for i in rng.integers(len(everything), size=k)]
-        held = HELD_OUT_MODELS[int(rng.integers(len(HELD_OUT_MODELS)))]
-        models[int(rng.integers(k))] = held
-    else:
-        raise ValueError(f"stage {stage.name!r}: unknown machine kind "
-                         f"{stage.machines!r}; expected one of "
-                         f"{', '.join(MACHINE_KINDS)}")
+    if kind == "shipped":
+        if rng.random() < P_SHIPPED_CPU:
+            kind = "cpu"
+        else:
+            return load_machine(SHIPPED_PROFILES[int(rng.integers(
+                len(SHIPPED_PROFILES)))])
+    if kind == "cpu":
+        return local_cpu_machine(_count(rng, 1, min(hi, MAX_CPU_CORES)))
+    if kind == "identical":
+        k = _count(rng, lo, hi)
+        model = pool[int(rng.integers(len(pool)))]
+        topology = ("nvswitch", "pcie-p2p", "host-only")[int(rng.integers(3))]
+        return random_machine(rng, [model] * k, stage.name, topology)
+    if kind == "induced":
+        k = _count(rng, max(lo, 2), max(hi, 2)) if hi >= 2 else 1
+        model = pool[int(rng.integers(len(pool)))]
+        scales = [1.0] * k
+        for i in rng.choice(k, size=int(rng.integers(1, max(2, k))), replace=False):
+            scales[int(i)] = float(rng.uniform(0.4, 0.9))
+        return random_machine(rng, [model] * k, stage.name, scales=scales)
+    k = _count(rng, lo, hi)
+    models = [pool[i] for i in rng.integers(len(pool), size=k)]
     return random_machine(rng, models, stage.name)
+
+
+def _held_out_machine(rng: np.random.Generator, k: int, name: str) -> Machine:
+    """A machine with at least one held-out model and any topology (held-out
+    topologies included)."""
+    everything = list(GPU_CATALOG)
+    models = [everything[i] for i in rng.integers(len(everything), size=k)]
+    held = HELD_OUT_MODELS[int(rng.integers(len(HELD_OUT_MODELS)))]
+    for i in rng.choice(k, size=max(1, k // 4), replace=False):
+        models[int(i)] = held
+    return random_machine(rng, models, name, topologies=TOPOLOGIES)
 
 
 def held_out_machines(seed: int = 0, count: int = 8,
                       stage: Stage = HELD_OUT_STAGE) -> list[Machine]:
     """``count`` machines no training stage can produce (each has a held-out
-    model), the same for the same seed."""
+    model), the same for the same seed; the first has
+    :data:`HELD_OUT_LARGE` devices (12 to 16) and a held-out topology."""
     rng = np.random.default_rng((seed, 0x4E1D))
-    return [sample_machine(rng, stage) for _ in range(count)]
+    out = []
+    for i in range(count):
+        if i == 0:
+            k = int(rng.integers(HELD_OUT_LARGE[0], HELD_OUT_LARGE[1] + 1))
+            everything = list(GPU_CATALOG)
+            models = [everything[j] for j in rng.integers(len(everything), size=k)]
+            for j in rng.choice(k, size=k // 3, replace=False):
+                models[int(j)] = HELD_OUT_MODELS[int(rng.integers(
+                    len(HELD_OUT_MODELS)))]
+            topology = HELD_OUT_TOPOLOGIES[int(rng.integers(
+                len(HELD_OUT_TOPOLOGIES)))]
+            out.append(random_machine(rng, models, stage.name, topology))
+        else:
+            out.append(sample_machine(rng, stage))
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -16,11 +16,19 @@ decision twice as fast earns log 2.
 
 Two modes:
 
-- ``task``: independent tasks. Each step draws a fresh task and a fresh
-  background-load snapshot; an episode is ``episode_len`` steps (then
-  ``truncated``).
+- ``task``: independent tasks. Every step *terminates* its episode
+  (``terminated=True``): nothing the decision does changes the next task or
+  the next device state (the tasks and the background load are drawn
+  independently of the actions), so there is no future to bootstrap from and
+  a value is the expected reward of one decision. The next ``reset`` draws a
+  fresh task and background-load snapshot; on a curriculum it keeps the
+  machine (and its background load running on) for ``machine_episodes``
+  episodes before it draws another, since building a machine costs more than
+  a step.
 - ``stream``: tasks arrive over time and occupy the devices they run on, so
-  what is busy now depends on earlier decisions (model backend only).
+  what is busy now depends on earlier decisions (model backend only). The
+  episode is a horizon of ``episode_len`` arrivals, then ``truncated`` (not
+  terminated: the stream would go on; the horizon only bounds an episode).
 
 Stream mode's occupancy model. Task k arrives at time ``t_k``; the gap to the
 next arrival is exponential (Poisson arrivals, drawn from the environment's
@@ -79,12 +87,12 @@ from lib.execution import BACKENDS, Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import SimulatedTelemetry, Snapshot, idle
 from lib.policies.actions import (
+    SLOTS,
+    Decoder,
     action_space,
-    decision_from_action,
-    masks,
     observation_space,
+    observe,
 )
-from lib.policies.observation import STATE_DEVICES, encode_state
 from lib.policies.oracle import optimum
 from lib.security import check_decision
 
@@ -113,7 +121,10 @@ class EnvConfig:
     stage: int | str = 0
     """The curriculum stage in use (index or name); change with ``set_stage``."""
     episode_len: int = 16
-    """Steps per episode (tasks decided), typically 8-64."""
+    """Stream mode: arrivals per episode (then truncated), typically 8-64."""
+    machine_episodes: int = 16
+    """Task mode on a curriculum: episodes (one step each) on one machine
+    before the next reset draws another (1: a new machine every episode)."""
     penalty: float = 1.0
     """A decision Gate 1 refuses earns ``-penalty`` (log units; 1.0 = as bad as
     being e times slower than equal split)."""
@@ -122,6 +133,9 @@ class EnvConfig:
     p_busy: float | None = None
     """Background load: steady-state probability a device is busy (0 idle,
     0.3-0.5 busy); None takes the stage's value, or 0 without a stage."""
+    p_idle: float | None = None
+    """Probability that a machine's background load is off altogether for
+    its episodes; None takes the stage's value, or 0 without a stage."""
     p_unhealthy: float = 0.0
     """Probability each step that a device is marked unhealthy (one stays up)."""
     load: float = 0.8
@@ -148,6 +162,9 @@ def _validate(cfg: EnvConfig) -> None:
                          f"{', '.join(BACKENDS)}")
     if cfg.episode_len < 1:
         raise ValueError(f"episode_len must be >= 1, got {cfg.episode_len}")
+    if cfg.machine_episodes < 1:
+        raise ValueError(f"machine_episodes must be >= 1, got "
+                         f"{cfg.machine_episodes}")
     if not math.isfinite(cfg.penalty):
         raise ValueError(f"penalty must be finite, got {cfg.penalty}")
     if not 0.0 <= cfg.min_share < 1.0:
@@ -216,6 +233,10 @@ class SplitEnv(gym.Env):
         self._obs: dict[str, np.ndarray] = {}
         self._steps = 0
         self._task_index = 0
+        self._episodes = 0
+        #: The machine the background load was started for (None: none yet).
+        self._sim_of: Machine | None = None
+        self.decoder: Decoder | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -260,21 +281,43 @@ class SplitEnv(gym.Env):
 
         Options: ``"machine"`` (a profile name or Machine for this episode),
         ``"stage"`` (curriculum stage, kept for later episodes), ``"task"`` (the
-        first task).
+        first task). A seed, an option, stream mode or ``machine_episodes``
+        task-mode episodes on the current machine draw the machine (and its
+        background load) afresh; otherwise the next task comes on the same
+        machine, its load running on.
         """
         super().reset(seed=seed)
         options = dict(options or {})
         if "stage" in options:
             self.set_stage(options["stage"])
+        fresh = (seed is not None or "machine" in options or "stage" in options
+                 or self.machine is None or self._sim_of is not self.machine
+                 or self.config.mode == "stream"
+                 or self._episodes >= self.config.machine_episodes)
+        if fresh:
+            self._new_machine(options)
+        self._episodes += 1
+        self._steps = 0
+        self.now = 0.0
+        self.busy_until = np.zeros(self.machine.n)
+        self._next_state(options.get("task"))
+        info = {"task": self.task, "machine": self.machine.name,
+                "stage": self.stage.name if self.stage else None,
+                "label": self.label,
+                "T_equal": self._t_equal() if not self.measured else None}
+        return self._observation(), info
+
+    def _new_machine(self, options: Mapping[str, Any]) -> None:
+        """Draw (or load) the episode's machine and start its background load."""
         if "machine" in options:
             machine = load_machine(options["machine"])
         elif self._fixed is None:
             machine = self.curriculum_machine()
         else:
             machine = self._fixed
-        if machine.n > STATE_DEVICES:
+        if machine.n > SLOTS:
             raise ValueError(f"machine {machine.name} has {machine.n} devices; the "
-                             f"environment has {STATE_DEVICES} device slots")
+                             f"environment has {SLOTS} device slots")
         if self.backend is None or getattr(self.backend, "machine", None) \
                 is not machine:
             if self.backend is not None:
@@ -282,22 +325,25 @@ class SplitEnv(gym.Env):
             self.backend = self._make_backend(machine)
         self.machine = machine
         p_busy = self._p_busy()
+        p_idle = self.config.p_idle if self.config.p_idle is not None \
+            else self.stage.p_idle if self.stage is not None \
+            and self.config.p_busy is None else 0.0
+        if p_busy > 0 and p_idle > 0 and self.np_random.random() < p_idle:
+            p_busy = 0.0
         self._sim = None
         if p_busy > 0:
             self._sim = SimulatedTelemetry(
-                machine, seed=int(self.np_random.integers(2**31)), p_busy=p_busy)
+                machine, seed=int(self.np_random.integers(2**31)), p_busy=p_busy,
+                **self._load_options())
             for _ in range(LOAD_BURN_IN):
                 self._sim.step()
-        self._steps = 0
+        self._episodes = 0
         self._task_index = 0
-        self.now = 0.0
-        self.busy_until = np.zeros(machine.n)
-        self._next_state(options.get("task"))
-        info = {"task": self.task, "machine": machine.name,
-                "stage": self.stage.name if self.stage else None,
-                "label": self.label,
-                "T_equal": self._t_equal() if not self.measured else None}
-        return self._observation(), info
+        self._sim_of = machine
+
+    def _load_options(self) -> dict[str, Any]:
+        """Keyword arguments of the background load (none by default)."""
+        return {}
 
     def curriculum_machine(self) -> Machine:
         """A machine of the current stage, from the environment's generator."""
@@ -335,8 +381,8 @@ class SplitEnv(gym.Env):
                 util = 1.0 - (1.0 - np.asarray(snap.utilisation)) * t_ref / (
                     t_ref + self.backlog)
                 seen = replace(snap, utilisation=tuple(util.tolist()))
-        self._obs = {"state": encode_state(task, machine, seen),
-                     **masks(task, machine, snap)}
+        self.decoder = Decoder(machine, snap, self.config.min_share)
+        self._obs = observe(task, machine, snap, seen, self.decoder)
 
     @property
     def backlog(self) -> np.ndarray:
@@ -358,8 +404,10 @@ class SplitEnv(gym.Env):
         """Decide the current task with ``action`` (see :mod:`lib.policies.actions`)."""
         if self.task is None:
             raise RuntimeError("call reset() before step()")
-        decision = decision_from_action(action, self.task, self._obs["device_mask"],
-                                        self.config.min_share)
+        shares = np.asarray(action["shares"], dtype=np.float64).reshape(-1)
+        decision = self.decoder.decide(
+            self.task, shares, int(action["block"]), int(action["mode"]),
+            int(action["comm_path"]), int(action["chunks"]))
         return self.step_decision(decision)
 
     def step_decision(self, decision: Any):
@@ -369,9 +417,11 @@ class SplitEnv(gym.Env):
             raise RuntimeError("call reset() before step()")
         reward, info = self._evaluate(decision)
         self._steps += 1
-        if self.config.mode == "stream":
-            t_ref = self._equal_pred.total
-            self.now += float(self.np_random.exponential()) * t_ref / self.config.load
+        if self.config.mode == "task":
+            # the episode ends here; its last observation is the one decided
+            return self._observation(), reward, True, False, info
+        t_ref = self._equal_pred.total
+        self.now += float(self.np_random.exponential()) * t_ref / self.config.load
         self._next_state()
         truncated = self._steps >= self.config.episode_len
         return self._observation(), reward, False, truncated, info

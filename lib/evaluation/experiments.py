@@ -1,13 +1,16 @@
-"""The experiments around the learned policy: ablations and transfer.
+"""The experiments around the learned policy: ablations, transfer, acceptance.
 
-Both are PREDICTED on the model backend and scored by the one evaluator,
-:func:`lib.scoring.evaluate_policy`:
+All are PREDICTED on the model backend and scored by the one evaluator,
+:func:`lib.scoring.evaluate_policy`, which charges a decision Gate 1 refuses
+what the environment charges it (its ``penalty``: ``e**penalty`` equal splits):
 
 - ablations: the shipped policy with parts of its observation removed at
   decision time, without its action mask, and two short trainings with and
   without the curriculum;
-- transfer: zero-shot on machines never trained on, then after a short
-  fine-tune.
+- transfer: zero-shot on machines never trained on (the first with 12 or
+  more devices), then after a short fine-tune;
+- acceptance: per machine and state (idle, busy), the policy's time over the
+  optimum's and its speedup over equal split against HEFT's.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from lib.budgets import pick
 from lib.contract import TaskSpec
 from lib.costmodel.parameters import params_for
 from lib.env.curriculum import held_out_machines
+from lib.env.split import EnvConfig
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot, busy, idle
-from lib.policies.baselines import Policy
+from lib.policies.baselines import HeftGreedy, Policy
 from lib.policies.learned import LearnedPolicy, load_policy
 from lib.scoring import evaluate_policy, task_set
 from lib.training import TrainConfig, fine_tune, train
@@ -39,13 +43,61 @@ def learned_policy(path: str | None, notes: list[str],
         return None
 
 
+#: What a refused decision costs here: the environment's penalty (log units).
+PENALTY = EnvConfig().penalty
+
+
 def _score(policy: Policy, machine: Machine, tasks: Sequence[TaskSpec],
            snap: Snapshot | None) -> tuple[float, float]:
     """(geo-mean speedup over equal, geo-mean T/T_opt) on the model backend; a
-    refused decision costs the equal split."""
+    refused decision costs what the environment charges it, ``e**PENALTY``
+    equal splits."""
     ev = evaluate_policy(policy, machine, tasks, telemetry=snap,
-                         params=params_for(machine.name), penalty=0.0)
+                         params=params_for(machine.name), penalty=PENALTY)
     return ev["speedup_vs_equal"], ev["rl_over_opt"]
+
+
+def states(machine: Machine) -> list[tuple[str, Snapshot]]:
+    """The evaluation's two states: idle, and busy (the first device at 70 %)."""
+    return [("idle", idle(machine)),
+            ("busy", busy(machine, [0.7 if i == 0 else 0.0
+                                    for i in range(machine.n)]))]
+
+
+def acceptance(policy: Policy, machines: Sequence[Machine],
+               tasks: Sequence[TaskSpec] | None = None) -> list[dict[str, Any]]:
+    """The learned policy against the optimum and HEFT, per machine and state
+    (PREDICTED, model backend, the machines' parameters).
+
+    Args:
+        policy: the policy scored.
+        machines: where.
+        tasks: the task set (default ``task_set("model", "quick")``).
+
+    Returns:
+        One row per machine and state: ``machine``, ``devices``, ``state``,
+        ``rl_over_opt``, ``speedup``, ``heft_speedup``, ``refused``,
+        ``notes`` (the policy's, where it says), ``label``.
+    """
+    tasks = list(tasks) if tasks is not None else task_set("model", "quick")
+    heft = HeftGreedy()
+    rows = []
+    for machine in machines:
+        notes = getattr(policy, "notes", None)
+        for name, snap in states(machine):
+            params = params_for(machine.name)
+            ev = evaluate_policy(policy, machine, tasks, telemetry=snap,
+                                 params=params, penalty=PENALTY)
+            eh = evaluate_policy(heft, machine, tasks, telemetry=snap,
+                                 params=params, penalty=PENALTY)
+            rows.append({"machine": machine.name, "devices": machine.n,
+                         "state": name, "rl_over_opt": ev["rl_over_opt"],
+                         "speedup": ev["speedup_vs_equal"],
+                         "heft_speedup": eh["speedup_vs_equal"],
+                         "refused": ev["refused"],
+                         "notes": notes(machine) if callable(notes) else [],
+                         "label": ev["label"]})
+    return rows
 
 
 def run_ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, Any]]:
@@ -58,7 +110,8 @@ def run_ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, 
                 ("no topology features", {"features": "no-topology"},
                  "topology entries of the state zeroed at decision time"),
                 ("no action mask", {"use_mask": False},
-                 "masks ignored; Gate 1 refuses what is illegal (costs equal split)")]
+                 "masks ignored; Gate 1 refuses what is illegal (a refusal "
+                 "costs what the environment charges)")]
     for name, options, how in variants:
         policy = learned_policy(policy_path, notes, **options)
         if policy is None:
@@ -89,7 +142,8 @@ def _curriculum_ablation(machine, tasks, snap, budget, notes) -> list[dict[str, 
 
 def run_transfer(learned, budget: str, seed: int, notes: list[str]
               ) -> list[dict[str, Any]]:
-    """Zero-shot on machines never trained on, then after a short fine-tune."""
+    """Zero-shot on machines never trained on (the first has 12 or more
+    devices), then after a short fine-tune."""
     count = pick(budget, smoke=1, quick=2, full=4)
     out = []
     for machine in held_out_machines(seed, count):

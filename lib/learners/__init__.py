@@ -5,7 +5,8 @@ observation vector and masks, which shares and which discrete options?
 
     propose(obs, device_mask, discrete_masks) -> (shares, choices)
 
-- ``obs``: float array ``(obs_dim,)``, e.g. :func:`lib.contract.encode_state`.
+- ``obs``: float array ``(obs_dim,)`` (a set learner's: the set's features
+  then one row per device slot, e.g. :func:`lib.policies.observation.encode_state`).
 - ``device_mask``: bool ``(n_devices,)``, ``True`` for usable devices.
 - ``discrete_masks``: one bool array ``(size_h,)`` per discrete head (e.g. mode,
   comm path), ``True`` for allowed options; ``None`` allows everything.
@@ -34,11 +35,17 @@ knows about tasks, machines or decisions: these are pure NumPy learners.
 Modules:
 
 - :mod:`lib.learners.nn` -- layers with paired forward/backward passes, MLP, Adam.
+- :mod:`lib.learners.setnet` -- layers over sets of items (per-item affine,
+  masked mean/max pooling), :class:`SetNet` (any number of items, in any
+  order) and water-filling (shares that equalise finish times).
 - :mod:`lib.learners.distributions` -- masked categorical and masked Dirichlet,
   digamma/trigamma, with gradients.
 - :mod:`lib.learners.normalize` -- running observation statistics.
 - :mod:`lib.learners.ppo` -- GAE, :class:`PPOAgent` (Dirichlet allocation head,
   masked categorical heads, value head), policy files.
+- :mod:`lib.learners.setppo` -- :class:`SetPPOAgent`, PPO over sets of devices
+  (water-filled shares, a Dirichlet around them, masked categorical heads,
+  imitation with a makespan term, demonstrations in every PPO step).
 - :mod:`lib.learners.td3` -- :class:`TD3Agent` over softmax shares, replay buffer.
 - :mod:`lib.learners.bandit` -- :class:`ShareBandit`, LinUCB / Thompson sampling
   over perturbations of a base decision, for online adaptation.
@@ -54,6 +61,7 @@ import numpy as np
 
 from lib.learners.bandit import BanditConfig, ShareBandit, log_speedup
 from lib.learners.ppo import PolicyFormatError, PPOAgent, PPOConfig, gae
+from lib.learners.setppo import SetPPOAgent, SetPPOConfig
 from lib.learners.td3 import TD3Agent, TD3Config
 
 
@@ -115,6 +123,7 @@ class TrainableLearner(Learner, Protocol):
 
 __all__ = [
     "BanditConfig", "Learner", "PPOAgent", "PPOConfig",
-    "PolicyFormatError", "ShareBandit", "TD3Agent", "TD3Config",
+    "PolicyFormatError", "SetPPOAgent", "SetPPOConfig", "ShareBandit",
+    "TD3Agent", "TD3Config",
     "TrainableLearner", "gae", "log_speedup",
 ]

@@ -287,3 +287,4 @@ class MaskedDirichlet:
         d = ((self.alpha0 - self.k) * trigamma(self.alpha0))[:, None] \
             - (self.alpha - 1.0) * trigamma(self.alpha)
         return np.where(self.mask, d * np.reshape(dent, (-1, 1)), 0.0)
+

@@ -1,57 +1,72 @@
 """What the split environment shows a policy, what it accepts, and the masks.
 
-Observation, a ``spaces.Dict`` (all arrays, one entry per key):
+Observation, a ``spaces.Dict`` (slot ``i`` of every per-device key is device
+``i`` of the machine; slots past the machine's devices are zero):
 
-=============  ===============================  ====================================
-key            space                            meaning
-=============  ===============================  ====================================
-state          Box(-8, 8, (STATE_DIM,), f32)    :func:`lib.contract.encode_state`
-device_mask    MultiBinary(8), int8             slot holds a present, healthy device
-mode_mask      MultiBinary(3), int8             :data:`~lib.contract.MODES` allowed
-path_mask      MultiBinary(3), int8             :data:`~lib.contract.COMM_PATHS`
-block_mask     MultiBinary(len(BLOCKS)), int8   block sizes every usable device takes
-=============  ===============================  ====================================
+=============  ======================================  ===========================
+key            space                                   meaning
+=============  ======================================  ===========================
+task           Box(-8, 8, (TASK_FEATURES,), f32)       the task row
+devices        Box(-8, 8, (64, DEVICE_FEATURES), f32)  a row per device slot
+device_mask    MultiBinary(64), int8                   slot holds a usable device
+mode_mask      MultiBinary(3), int8                    :data:`~lib.contract.MODES`
+path_mask      MultiBinary(3), int8                    ``COMM_PATHS`` allowed
+block_mask     MultiBinary(len(BLOCKS)), int8          block sizes allowed
+=============  ======================================  ===========================
 
-Mask rules (``k`` usable devices: present and healthy):
-
-- ``single`` is always allowed (the device with the largest share runs it all);
-  ``split`` only with ``k >= 2``; ``pipelined`` always (with one device it
-  overlaps copies and compute on that device, still a single-device action). So
-  on ``uni-server-1gpu`` every multi-device action is masked out.
-- ``host`` is always allowed; ``p2p`` only for ``sum`` merges with ``k >= 2`` and
-  a peer-to-peer link between two usable devices; ``nccl`` only for ``sum``
-  merges with ``k >= 2`` on a machine with NCCL. A ``concat`` merge lands each
-  shard in place in the host buffer whatever the path, so for ``concat`` tasks
-  only ``host`` is allowed and the environment sets it.
-- The masks are necessary conditions, not sufficient ones: ``p2p`` over two
-  devices without a peer link is still refused by Gate 1 (and penalised).
+(:mod:`lib.policies.observation` documents the rows; 64 is
+:data:`~lib.contract.MAX_DEVICES`.) A device is *usable* when telemetry marks it
+healthy and it can hold at least one row of the task in its free memory.
 
 Action, a ``spaces.Dict``:
 
 =========  ==========================  ==========================================
 key        space                       meaning
 =========  ==========================  ==========================================
-shares     Box(0, 1, (8,), f32)        relative weight per device slot
+shares     Box(0, 1, (64,), f32)       relative weight per device slot
 block      Discrete(len(BLOCKS))       CUDA threads per block, ``BLOCKS[i]``
 mode       Discrete(3)                 ``MODES[i]``
 comm_path  Discrete(3)                 ``COMM_PATHS[i]``
 chunks     Discrete(len(CHUNKS))       pipelined: chunks per largest shard
 =========  ==========================  ==========================================
 
-:func:`decision_from_action` turns an action into a :class:`Decision`: weights of
-masked slots are forced to zero, negative weights count as zero, ``single`` keeps
-the largest weight only, weights below ``min_share`` of the total are dropped and
-the rest normalised (:func:`lib.contract.decision_from_weights`, so an all-ones
-action over the usable devices *is* the equal split). In pipelined mode the chunk
-is ``ceil(largest shard's rows / CHUNKS[i])``; in the other modes it is the whole
-divisible dimension. An action with no positive finite weight, or a non-finite
-weight on a usable device, becomes a decision with no devices, which Gate 1
-refuses. :func:`flatten_observation` and :func:`unflatten_observation` convert
-to and from one float32 vector for policies that want a flat input.
+Masks. The observation's masks allow, with ``k`` usable devices: ``single`` and
+``pipelined`` always, ``split`` with ``k >= 2``; ``host`` always, ``p2p`` for
+``sum`` merges with ``k >= 2`` and a peer-to-peer link between two usable
+devices, ``nccl`` for ``sum`` merges with ``k >= 2`` on a machine with NCCL;
+the blocks every usable device can launch. Which devices a decision uses is
+known only once the shares are, so :class:`Decoder` completes the masks when it
+turns an action into a decision, and makes a Gate 1 refusal impossible
+wherever the rule is local:
+
+- weights of unusable slots count as zero, negative weights as zero, ``single``
+  keeps the largest weight only, weights below ``min_share`` of the total are
+  dropped (so an all-ones action over the usable devices *is* the equal split);
+- memory per shard: a share over what its device can hold (Gate 1's margin,
+  less one row for rounding) is capped there and the excess goes to the other
+  chosen devices in proportion (then to the other usable ones);
+- one device means the host path (and ``single`` unless ``pipelined``);
+  ``nccl`` needs two or more devices and a machine that has it; ``p2p`` only
+  when every pair of the chosen devices has a peer-to-peer link; a ``concat``
+  merge lands each shard in place, so its path is ``host``. A path the chosen
+  devices cannot take becomes ``host``;
+- the block is at most every chosen device's limit.
+
+An action with no positive finite weight, or a non-finite weight on a usable
+device, becomes a decision with no devices, and an out-of-range index a value
+Gate 1 refuses: those are not local rules a mask can keep, they are malformed
+actions. In pipelined mode the chunk is ``ceil(largest shard's rows /
+CHUNKS[i])``; in the other modes it is the whole divisible dimension.
+
+Why one module: the spaces, the masks and the decoder state one vocabulary and
+one set of rules (Gate 1's local ones, mirrored); the environment, the policy
+and the optimum's labels must read them identically, so they are read
+together.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -65,32 +80,44 @@ from lib.contract import (
     COMM_PATHS,
     DEFAULT_BLOCK,
     MODES,
-    PIPELINE_CHUNKS,
     Decision,
     TaskSpec,
     decision_from_weights,
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import split_rows
-from lib.policies.observation import STATE_DEVICES, STATE_DIM
+from lib.platform.workloads import split_rows, workload
+from lib.policies.observation import (
+    DEVICE_FEATURES,
+    STATE_MAX_DEVICES,
+    TASK_FEATURES,
+    MachineView,
+    encode_state,
+)
+from lib.security.gate1 import MEMORY_MARGIN
 
-#: Chunks per largest shard in pipelined mode (the optimum's grid).
-CHUNKS: tuple[int, ...] = PIPELINE_CHUNKS
-#: Bounds of the ``state`` box; encode_state scales to roughly [-1, 2].
+#: Chunks per largest shard in pipelined mode: the grid the learned policy
+#: chooses from (the optimum searches these and more).
+CHUNKS: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: Device slots of the observation and the action (the contract's bound).
+SLOTS = STATE_MAX_DEVICES
+#: Bounds of the ``task`` and ``devices`` boxes; the encoding scales to a few units.
 STATE_BOUND = 8.0
-#: Observation keys in the order :func:`flatten_observation` concatenates them.
-OBS_KEYS = ("state", "device_mask", "mode_mask", "path_mask", "block_mask")
+#: Observation keys (:func:`flatten_observation` concatenates them in order).
+OBS_KEYS = ("task", "devices", "device_mask", "mode_mask", "path_mask",
+            "block_mask")
 
 SINGLE, SPLIT, PIPELINED = (MODES.index(m) for m in ("single", "split", "pipelined"))
-HOST = COMM_PATHS.index("host")
+HOST, P2P, NCCL = (COMM_PATHS.index(p) for p in ("host", "p2p", "nccl"))
 
 
 def observation_space() -> spaces.Dict:
     """The observation space (see the module docstring for each key)."""
     return spaces.Dict({
-        "state": spaces.Box(-STATE_BOUND, STATE_BOUND, (STATE_DIM,), np.float32),
-        "device_mask": spaces.MultiBinary(STATE_DEVICES),
+        "task": spaces.Box(-STATE_BOUND, STATE_BOUND, (TASK_FEATURES,), np.float32),
+        "devices": spaces.Box(-STATE_BOUND, STATE_BOUND, (SLOTS, DEVICE_FEATURES),
+                              np.float32),
+        "device_mask": spaces.MultiBinary(SLOTS),
         "mode_mask": spaces.MultiBinary(len(MODES)),
         "path_mask": spaces.MultiBinary(len(COMM_PATHS)),
         "block_mask": spaces.MultiBinary(len(BLOCKS)),
@@ -100,7 +127,7 @@ def observation_space() -> spaces.Dict:
 def action_space() -> spaces.Dict:
     """The action space (see the module docstring for each key)."""
     return spaces.Dict({
-        "shares": spaces.Box(0.0, 1.0, (STATE_DEVICES,), np.float32),
+        "shares": spaces.Box(0.0, 1.0, (SLOTS,), np.float32),
         "block": spaces.Discrete(len(BLOCKS)),
         "mode": spaces.Discrete(len(MODES)),
         "comm_path": spaces.Discrete(len(COMM_PATHS)),
@@ -108,31 +135,165 @@ def action_space() -> spaces.Dict:
     })
 
 
-def usable_mask(machine: Machine, telemetry: Snapshot | None) -> np.ndarray:
-    """``(8,)`` bool: slot ``i`` holds a device that is present and healthy."""
-    mask = np.zeros(STATE_DEVICES, dtype=bool)
-    for i in range(machine.n):
-        mask[i] = telemetry is None or bool(telemetry.healthy[i])
-    return mask
+def _memory_rows(task: TaskSpec, free: float) -> float:
+    """Most rows a device with ``free`` bytes can hold under Gate 1's margin."""
+    w = workload(task)
+    f1, f2 = w.work(task, 1).footprint, w.work(task, 2).footprint
+    slope, base = f2 - f1, f1 - (f2 - f1)
+    room = free * (1.0 - MEMORY_MARGIN) - base
+    if room < slope:
+        return 0.0
+    return float(task.split_size) if slope <= 0 else min(
+        float(task.split_size), math.floor(room / slope))
 
 
-def masks(task: TaskSpec, machine: Machine,
-          telemetry: Snapshot | None) -> dict[str, np.ndarray]:
-    """The four masks of the observation, int8 arrays (rules in the docstring)."""
-    usable = usable_mask(machine, telemetry)
-    devices = np.flatnonzero(usable).tolist()
-    multi = len(devices) >= 2
-    mode = np.array([1, multi, 1], dtype=np.int8)
-    path = np.array([1, 0, 0], dtype=np.int8)
-    if task.merge == "sum" and multi:
-        path[COMM_PATHS.index("p2p")] = any(
-            (link := machine.peer(a, b)) is not None and link.p2p
-            for a in devices for b in devices if a < b)
-        path[COMM_PATHS.index("nccl")] = machine.nccl
-    limit = min(machine.devices[i].max_block for i in devices) if devices else 0
-    block = np.array([b <= limit for b in BLOCKS], dtype=np.int8)
-    return {"device_mask": usable.astype(np.int8), "mode_mask": mode,
-            "path_mask": path, "block_mask": block}
+class Decoder:
+    """Actions into decisions for one machine under one telemetry snapshot,
+    with the masks of the module docstring.
+
+    Args:
+        machine: the machine.
+        telemetry: its state (None: idle, every device healthy).
+        min_share: weights below this fraction of the total are dropped.
+    """
+
+    def __init__(self, machine: Machine, telemetry: Snapshot | None = None,
+                 min_share: float = 1e-3) -> None:
+        self.machine, self.telemetry = machine, telemetry
+        self.min_share = float(min_share)
+        n = machine.n
+        self.n = n
+        self.healthy = [telemetry is None or bool(telemetry.healthy[i])
+                        for i in range(n)]
+        self.free = [float(telemetry.free_bytes[i]) if telemetry is not None
+                     else machine.devices[i].mem_bytes for i in range(n)]
+        self.max_block = [machine.devices[i].max_block for i in range(n)]
+        self.nccl = bool(machine.nccl)
+        self.p2p = frozenset((a, b) for a, b in itertools.combinations(range(n), 2)
+                             if (link := machine.peer(a, b)) is not None
+                             and link.p2p)
+        self._caps: tuple[TaskSpec, list[float] | None] | None = None
+        self._allowed: dict[str, Any] = {}
+
+    def caps(self, task: TaskSpec) -> list[float] | None:
+        """Rows each device can hold, or None where the whole task fits on
+        every healthy device (the common case: no cap binds)."""
+        if self._caps is not None and self._caps[0] is task:
+            return self._caps[1]
+        whole = workload(task).work(task, task.split_size).footprint
+        room = [f * (1.0 - MEMORY_MARGIN) for f in self.free]
+        caps = None
+        if any(whole > r for r, h in zip(room, self.healthy, strict=True) if h):
+            caps = [_memory_rows(task, f) for f in self.free]
+        self._caps = (task, caps)
+        return caps
+
+    def usable(self, task: TaskSpec) -> list[bool]:
+        """Per device: healthy and able to hold at least one row of ``task``
+        (a list the caller must not change)."""
+        caps = self.caps(task)
+        if caps is None:
+            return self.healthy
+        return [h and c >= 1 for h, c in zip(self.healthy, caps, strict=True)]
+
+    def allowed(self, task: TaskSpec
+                ) -> tuple[list[bool], tuple[list[bool], list[bool], list[bool]]]:
+        """:meth:`masks` as lists of bools for one decision: the usable
+        devices and the allowed blocks, modes and paths (lists the caller
+        must not change; kept per merge while no memory cap binds)."""
+        caps = self.caps(task)
+        key = task.merge
+        if caps is None and key in self._allowed:
+            return self._allowed[key]
+        m = self.masks(task, self.n)
+        out = ([bool(u) for u in m["device_mask"]],
+               tuple([bool(x) for x in m[k]] for k in ("block_mask", "mode_mask",
+                                                        "path_mask")))
+        if caps is None:
+            self._allowed[key] = out
+        return out
+
+    def masks(self, task: TaskSpec, slots: int = SLOTS) -> dict[str, np.ndarray]:
+        """The observation's four masks (int8; ``slots`` device slots)."""
+        usable = self.usable(task)
+        devices = [i for i, u in enumerate(usable) if u]
+        multi = len(devices) >= 2
+        dmask = np.zeros(slots, dtype=np.int8)
+        dmask[devices] = 1
+        path = np.array([1, 0, 0], dtype=np.int8)
+        if task.merge == "sum" and multi:
+            chosen = set(devices)
+            path[P2P] = any(a in chosen and b in chosen for a, b in self.p2p)
+            path[NCCL] = self.nccl
+        limit = min((self.max_block[i] for i in devices), default=0)
+        return {"device_mask": dmask,
+                "mode_mask": np.array([1, multi, 1], dtype=np.int8),
+                "path_mask": path,
+                "block_mask": np.array([b <= limit for b in BLOCKS], dtype=np.int8)}
+
+    def decide(self, task: TaskSpec, weights: Sequence[float], block: int,
+               mode: int, comm_path: int, chunks: int, *,
+               hashed: bool = True) -> Decision:
+        """The decision an action stands for, the masks applied.
+
+        Args:
+            task: the task decided.
+            weights: raw share weight per device slot (at least ``machine.n``;
+                slot ``i`` is device ``i``).
+            block, mode, comm_path, chunks: the heads' indices.
+            hashed: compute ``config_hash`` (else it is empty).
+        """
+        n = self.n
+        usable = self.usable(task)
+        w = project_share_row(weights[:n], usable, mode, self.min_share)
+        chosen = [i for i in range(n) if w[i] > 0]
+        caps = self.caps(task)
+        if caps is not None and chosen:
+            w = _cap_shares(w, chosen, caps, usable, task.split_size)
+            chosen = [i for i in range(n) if w[i] > 0]
+        if len(chosen) <= 1 or task.merge == "concat":
+            comm_path = HOST if 0 <= comm_path < len(COMM_PATHS) else comm_path
+        elif comm_path == NCCL and not self.nccl:
+            comm_path = HOST
+        elif comm_path == P2P and not all(
+                pair in self.p2p for pair in itertools.combinations(chosen, 2)):
+            comm_path = HOST
+        if 0 <= block < len(BLOCKS) and chosen:
+            limit = min(self.max_block[i] for i in chosen)
+            while block > 0 and BLOCKS[block] > limit:
+                block -= 1
+        return decision_from_weights_row(task, w, block, mode, comm_path, chunks,
+                                         hashed=hashed)
+
+
+def _cap_shares(w: list[float], chosen: list[int], caps: Sequence[float],
+                usable: Sequence[bool], n: int) -> list[float]:
+    """Water-fill: shares over what their device holds (less one row, for the
+    rounding of :func:`split_rows`) are capped and the excess spread over the
+    other chosen devices in proportion to their shares, then over the other
+    usable devices in proportion to their room. Returns the shares (summing
+    to 1 unless even the usable devices together cannot hold the task)."""
+    total = math.fsum(w[i] for i in chosen)
+    share = [0.0] * len(w)
+    for i in chosen:
+        share[i] = w[i] / total
+    limit = [1.0 if c >= n else max(0.0, c - 1.0) / n for c in caps]
+    everyone = [i for i in range(len(w)) if usable[i]]
+    for pool, by_share in ((chosen, True), (everyone, False)):
+        for _ in range(len(w) + 1):
+            share = [min(s, lim) for s, lim in zip(share, limit, strict=True)]
+            missing = 1.0 - math.fsum(share)
+            if missing <= 1e-15:
+                return share
+            room = [i for i in pool if share[i] < limit[i] - 1e-15
+                    and (share[i] > 0 or not by_share)]
+            if not room:
+                break
+            weights = [share[i] if by_share else limit[i] - share[i] for i in room]
+            scale = missing / math.fsum(weights)
+            for i, wt in zip(room, weights, strict=True):
+                share[i] += wt * scale
+    return share
 
 
 def project_shares(shares: np.ndarray, device_mask: np.ndarray, mode: np.ndarray,
@@ -140,14 +301,14 @@ def project_shares(shares: np.ndarray, device_mask: np.ndarray, mode: np.ndarray
     """Weights the decision keeps, for a batch of actions at once.
 
     Args:
-        shares: ``(N, 8)`` raw share weights from the policy.
-        device_mask: ``(N, 8)`` usable slots (nonzero = usable).
+        shares: ``(N, S)`` raw share weights from the policy.
+        device_mask: ``(N, S)`` usable slots (nonzero = usable).
         mode: ``(N,)`` mode indices (``single`` keeps only the largest weight).
         min_share: weights below this fraction of the row's total are dropped
             (typically 1e-3 to 1e-2).
 
     Returns:
-        ``(N, 8)`` float64 non-negative weights; an all-zero row means the
+        ``(N, S)`` float64 non-negative weights; an all-zero row means the
         action names no device (or put a non-finite weight on a usable one).
     """
     s = np.asarray(shares, dtype=np.float64)
@@ -169,16 +330,16 @@ def project_shares(shares: np.ndarray, device_mask: np.ndarray, mode: np.ndarray
 def project_share_row(shares: Sequence[float], device_mask: Sequence[Any],
                       mode: int, min_share: float) -> list[float]:
     """One row of :func:`project_shares`, bit for bit, without the batch
-    machinery (a decision for one observation: about 4 us instead of 25).
+    machinery (a decision for one observation).
 
     Args:
-        shares: ``(8,)`` raw share weights (floats or a float array).
-        device_mask: ``(8,)`` usable slots (nonzero = usable).
+        shares: raw share weights (floats or a float array).
+        device_mask: usable slots (nonzero = usable), as long as ``shares``.
         mode: the mode index.
         min_share: as in :func:`project_shares`.
 
     Returns:
-        The 8 kept weights as floats (all zero: no device).
+        The kept weights as floats (all zero: no device).
     """
     w = [0.0] * len(shares)
     for i, (s, usable) in enumerate(zip(shares, device_mask, strict=True)):
@@ -202,11 +363,13 @@ def decision_from_weights_row(task: TaskSpec, weights: Sequence[float], block: i
                               mode: int, comm_path: int, chunks: int, *,
                               hashed: bool = True) -> Decision:
     """One projected action row as a :class:`Decision` (not yet gated), hashed
-    unless ``hashed=False`` (then ``config_hash`` is empty).
+    unless ``hashed=False`` (then ``config_hash`` is empty). No mask is
+    applied here beyond the ``concat`` merge's host path (:class:`Decoder`
+    applies them).
 
     Out-of-range indices become values Gate 1 refuses (block 0, an unknown
     mode or path) rather than exceptions: the gate, not the environment, says
-    what is wrong with a policy's output.
+    what is wrong with a malformed action.
     """
     block_v = BLOCKS[block] if 0 <= block < len(BLOCKS) else 0
     mode_v = MODES[mode] if 0 <= mode < len(MODES) else f"mode#{mode}"
@@ -227,35 +390,63 @@ def decision_from_weights_row(task: TaskSpec, weights: Sequence[float], block: i
                                                     decision.shares))
         count = CHUNKS[chunks] if 0 <= chunks < len(CHUNKS) else 0
         chunk = max(1, math.ceil(rows / count)) if count else 0
-        decision = replace(decision, mode="pipelined", chunk=chunk)
+        # the constructor, not dataclasses.replace: a third of the cost
+        decision = Decision(decision.gpus, decision.shares, chunk, block_v,
+                            "pipelined", path_v)
     elif mode_v not in MODES:
         decision = replace(decision, mode=mode_v)
     return decision.with_hash(task) if hashed else decision
 
 
+def observe(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
+            seen: Snapshot | None = None, decoder: Decoder | None = None
+            ) -> dict[str, np.ndarray]:
+    """The observation of ``task`` on ``machine`` (module docstring).
+
+    Args:
+        seen: the snapshot the state shows, where it differs from the one the
+            masks follow (stream mode shows the backlog as utilisation).
+        decoder: the machine's :class:`Decoder` under ``telemetry``.
+    """
+    decoder = decoder or Decoder(machine, telemetry)
+    m = decoder.masks(task)
+    state = encode_state(task, machine, seen if seen is not None else telemetry,
+                         MachineView(machine, seen if seen is not None
+                                     else telemetry, task.dtype))
+    devices = np.zeros((SLOTS, DEVICE_FEATURES), dtype=np.float32)
+    devices[list(state.index)] = np.clip(state.devices, -STATE_BOUND, STATE_BOUND)
+    return {"task": np.clip(state.task, -STATE_BOUND, STATE_BOUND).astype(
+                np.float32), "devices": devices, **m}
+
+
+def masks(task: TaskSpec, machine: Machine,
+          telemetry: Snapshot | None) -> dict[str, np.ndarray]:
+    """The four masks of the observation, int8 arrays (module docstring)."""
+    return Decoder(machine, telemetry).masks(task)
+
+
 def decision_from_action(action: Mapping[str, Any], task: TaskSpec,
-                         device_mask: np.ndarray, min_share: float = 1e-3
-                         ) -> Decision:
-    """The hashed decision an action stands for (rules in the module docstring)."""
-    shares = np.asarray(action["shares"], dtype=np.float64).reshape(1, -1)
-    if shares.shape != (1, STATE_DEVICES):
-        raise ValueError(f"action shares: expected {STATE_DEVICES} entries, got "
-                         f"{shares.size}")
-    mode = int(action["mode"])
-    w = project_shares(shares, np.asarray(device_mask).reshape(1, -1),
-                       np.array([mode]), min_share)
-    return decision_from_weights_row(task, w[0], int(action["block"]), mode,
-                                     int(action["comm_path"]), int(action["chunks"]))
+                         machine: Machine, telemetry: Snapshot | None = None,
+                         min_share: float = 1e-3) -> Decision:
+    """The hashed decision an action stands for (module docstring)."""
+    shares = np.asarray(action["shares"], dtype=np.float64).reshape(-1)
+    if shares.size < machine.n:
+        raise ValueError(f"action shares: {shares.size} entries for "
+                         f"{machine.n} devices")
+    return Decoder(machine, telemetry, min_share).decide(
+        task, shares, int(action["block"]), int(action["mode"]),
+        int(action["comm_path"]), int(action["chunks"]))
 
 
-def action_from_decision(task: TaskSpec, decision: Decision) -> dict[str, Any]:
+def action_from_decision(task: TaskSpec, decision: Decision,
+                         slots: int = SLOTS) -> dict[str, Any]:
     """An action that stands for ``decision`` (for baselines and the optimum).
 
-    Shares go to their slots as float32; block and chunk count snap to the
+    Shares go to their slots as float64; block and chunk count snap to the
     nearest choice (on a log scale); a path other than ``host`` on a ``concat``
-    task is kept (the environment ignores it there).
+    task is kept (the decoder ignores it there).
     """
-    shares = np.zeros(STATE_DEVICES, dtype=np.float32)
+    shares = np.zeros(slots)
     for g, s in zip(decision.gpus, decision.shares, strict=True):
         shares[g] = s
     log_blocks = np.log2(BLOCKS)
@@ -302,22 +493,29 @@ def sample_masked_action(rng: np.random.Generator,
 
 
 def flatten_observation(obs: Mapping[str, np.ndarray]) -> np.ndarray:
-    """One float32 vector: the keys of :data:`OBS_KEYS` concatenated on the last
-    axis (leading batch axes are kept)."""
-    return np.concatenate([np.asarray(obs[k], dtype=np.float32) for k in OBS_KEYS],
-                          axis=-1)
+    """One float32 vector: the keys of :data:`OBS_KEYS` concatenated (the
+    device rows flattened; leading batch axes are kept)."""
+    parts = []
+    for k in OBS_KEYS:
+        a = np.asarray(obs[k], dtype=np.float32)
+        if k == "devices":
+            a = a.reshape(*a.shape[:-2], -1)
+        parts.append(a)
+    return np.concatenate(parts, axis=-1)
 
 
 def unflatten_observation(flat: np.ndarray) -> dict[str, np.ndarray]:
     """The inverse of :func:`flatten_observation` (masks back to int8)."""
     out, start = {}, 0
+    flat = np.asarray(flat)
     subspaces = observation_space().spaces
     for key in OBS_KEYS:
-        size = int(np.prod(subspaces[key].shape))
-        part = np.asarray(flat)[..., start:start + size]
-        out[key] = part.astype(np.float32 if key == "state" else np.int8)
+        shape = subspaces[key].shape
+        size = int(np.prod(shape))
+        part = flat[..., start:start + size].reshape(*flat.shape[:-1], *shape)
+        out[key] = part.astype(np.int8 if key.endswith("mask") else np.float32)
         start += size
-    if start != np.asarray(flat).shape[-1]:
+    if start != flat.shape[-1]:
         raise ValueError(f"flat observation: expected {start} entries, got "
-                         f"{np.asarray(flat).shape[-1]}")
+                         f"{flat.shape[-1]}")
     return out

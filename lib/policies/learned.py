@@ -1,35 +1,47 @@
 """A trained learner as a policy: ``decide(task, machine, telemetry) -> Decision``.
 
-:class:`LearnedPolicy` puts a learner (a :class:`~lib.learners.ppo.PPOAgent` by
-default; a :class:`~lib.learners.td3.TD3Agent` or a
-:class:`~lib.learners.bandit.ShareBandit` too) behind the interface every baseline
-answers, so the runtime drives it like any other policy. One decision:
+:class:`LearnedPolicy` puts a learner behind the interface every baseline
+answers. The shipped one is a :class:`~lib.learners.setppo.SetPPOAgent`: one
+policy for every machine, whatever its number and order of devices. One
+decision:
 
-1. the observation exactly as ``GPUHive-Split-v0`` shows it:
-   :func:`lib.contract.encode_state` and :func:`lib.policies.actions.masks`, flattened
-   in :data:`lib.policies.actions.OBS_KEYS` order (:class:`ObservationEncoder`);
-2. the learner's deterministic action under the masks (PPO: the Dirichlet mean
-   and the most probable option of each head, by a single-observation forward
-   pass that skips the critic and the log-probabilities);
-3. the action turned into a :class:`~lib.contract.Decision` the way the
-   environment does (:func:`lib.policies.actions.project_share_row`, then
-   :func:`lib.policies.actions.decision_from_weights_row`).
+1. the state (:func:`lib.policies.observation.encode_state`: the task row and a
+   row per usable device, kept per machine and snapshot where they do not
+   depend on the task) and the masks (:class:`lib.policies.actions.Decoder`);
+2. the learner's deterministic action: the mean shares ``softmax(z)`` over the
+   usable devices and the most probable allowed option of each head, by one
+   forward pass of the actor alone (:meth:`SetNet.forward_one`);
+3. the action turned into a :class:`~lib.contract.Decision` by the decoder, which
+   applies the masks Gate 1's local rules need (memory per shard, the path
+   the chosen devices can take, the block they can launch).
+
+Other learners (:class:`~lib.learners.ppo.PPOAgent`,
+:class:`~lib.learners.td3.TD3Agent`, :class:`~lib.learners.bandit.ShareBandit`)
+have a fixed number of device slots;
+they see the environment's observation flattened over that many slots
+(:meth:`ObservationEncoder.flat`) and answer ``propose(obs, device_mask,
+discrete_masks)``.
 
 The decision is returned unhashed: the runtime hashes it and runs Gate 1.
 
 Ablations (:class:`ObservationEncoder`):
 
-- ``features``: ``"all"``; ``"no-telemetry"`` zeroes every device's ``util``,
-  ``free_frac`` and ``healthy`` entries of the state; ``"no-topology"`` zeroes
-  every device's ``peer_frac`` and ``log_host_bw`` (names from
-  :data:`lib.contract.STATE_FIELDS`).
-- ``use_mask=False``: the policy sees all-ones masks and acts as if every
-  device slot and option were allowed; Gate 1 then refuses what is illegal
-  (a comm path the machine lacks, a block a device cannot launch).
+- ``features``: ``"all"``; ``"no-telemetry"`` zeroes every device's ``util``
+  and ``free_frac`` (and the set's mean utilisation); ``"no-topology"`` zeroes
+  every device's host-link and peer-link entries (and the set's
+  ``p2p_pairs``), names from :data:`lib.policies.observation.DEVICE_FIELDS`;
+- ``use_mask=False``: the heads see every option allowed and the decision is
+  built without the decoder's masks; Gate 1 then refuses what is illegal.
 
-Policy files are :meth:`PPOAgent.save` files whose header carries
-``spec = feature_spec()``; :func:`load_policy` refuses a file written for
-another state layout or action vocabulary with a one-line message.
+Policy files are :meth:`SetPPOAgent.save` files whose header carries ``spec =
+feature_spec()`` and what the policy was trained on; :func:`load_policy` refuses
+a file written for another state layout (an eight-slot policy of state
+version 1, say) with a one-line message.
+
+Why one module: the encoder, the fast decision path (which folds the
+task-independent parts of the state into the first layer) and the policy file
+read one layout of the state and of the actor's outputs; the fast path must
+give the batch network's values, and is checked against it in one place.
 """
 
 from __future__ import annotations
@@ -43,119 +55,253 @@ from typing import Any
 import numpy as np
 
 from lib.contract import BLOCKS, COMM_PATHS, MODES, Decision, TaskSpec
-from lib.learners.distributions import concentration_forward
-from lib.learners.ppo import PolicyFormatError, PPOAgent
+from lib.learners.ppo import PolicyFormatError
+from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import workload
 from lib.policies.actions import (
     CHUNKS,
-    OBS_KEYS,
+    SLOTS,
+    Decoder,
     decision_from_weights_row,
-    masks,
+    observe,
     project_share_row,
 )
 from lib.policies.observation import (
-    STATE_DEVICES,
-    STATE_DIM,
-    STATE_FIELDS,
+    DEVICE_FEATURES,
+    DEVICE_FIELDS,
+    SEPARABLE_FIELDS,
     STATE_VERSION,
+    TASK_DEVICE_FIELDS,
     TASK_FEATURES,
-    encode_state,
+    TASK_FIELDS,
+    TELEMETRY_FIELDS,
+    TOPOLOGY_FIELDS,
+    MachineView,
+    device_rows,
     encode_task,
+    task_device_columns,
+    task_logs,
+    task_terms,
 )
 
-#: Where the shipped policies live.
+#: Where the shipped policy lives.
 POLICY_DIR = Path(__file__).resolve().parent
-#: The policy :func:`load_policy` loads without a path.
-DEFAULT_POLICY = POLICY_DIR / "hetero-4.npz"
+#: The policy :func:`load_policy` loads without a path: one for every machine.
+DEFAULT_POLICY = POLICY_DIR / "catalog.npz"
 
-#: Feature sets of the ablation and the per-device state entries each zeroes.
+#: Feature sets of the ablation: the device entries each zeroes, and the
+#: task row's set entries.
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "all": (),
-    "no-telemetry": ("util", "free_frac", "healthy"),
-    "no-topology": ("peer_frac", "log_host_bw"),
+    "no-telemetry": TELEMETRY_FIELDS + ("set.mean_util",),
+    "no-topology": TOPOLOGY_FIELDS + ("set.p2p_pairs",),
 }
 #: Discrete heads of the learned policy, in order, with their mask keys.
 HEADS: tuple[str, ...] = ("block", "mode", "comm_path", "chunks")
 HEAD_SIZES: tuple[int, ...] = (len(BLOCKS), len(MODES), len(COMM_PATHS), len(CHUNKS))
 HEAD_MASKS: tuple[str | None, ...] = ("block_mask", "mode_mask", "path_mask", None)
-#: Length of the flat observation (state plus the four masks).
-OBS_DIM = STATE_DIM + STATE_DEVICES + len(MODES) + len(COMM_PATHS) + len(BLOCKS)
+#: Length of the flat observation of one device slot past the task row.
+MASK_WIDTH = len(MODES) + len(COMM_PATHS) + len(BLOCKS)
+
+
+def flat_dim(slots: int, with_masks: bool) -> int:
+    """Length of :meth:`ObservationEncoder.flat` rows for ``slots`` devices."""
+    return TASK_FEATURES + slots * DEVICE_FEATURES + (
+        slots + MASK_WIDTH if with_masks else 0)
 
 
 def feature_spec() -> dict[str, Any]:
     """What a policy file must have been trained on: state layout and action
     vocabulary. :func:`load_policy` compares it with the file's header."""
     return {"state_version": STATE_VERSION,
-            "state_fields": [name for name, _ in STATE_FIELDS],
-            "obs_keys": list(OBS_KEYS), "blocks": list(BLOCKS),
-            "chunks": list(CHUNKS), "modes": list(MODES),
+            "task_fields": [name for name, _ in TASK_FIELDS],
+            "device_fields": [name for name, _ in DEVICE_FIELDS],
+            "blocks": list(BLOCKS), "chunks": list(CHUNKS), "modes": list(MODES),
             "comm_paths": list(COMM_PATHS), "heads": list(HEADS)}
 
 
-def feature_keep(features: str = "all") -> np.ndarray:
-    """``(STATE_DIM,)`` float64: 0 for the state entries ``features`` zeroes."""
+def feature_keep(features: str = "all") -> tuple[np.ndarray, np.ndarray]:
+    """``(task (TASK_FEATURES,), device (DEVICE_FEATURES,))`` float64: 0 for
+    the entries ``features`` zeroes, else 1."""
     if features not in FEATURE_SETS:
         raise ValueError(f"features {features!r}: expected one of "
                          f"{', '.join(FEATURE_SETS)}")
     dropped = set(FEATURE_SETS[features])
-    return np.array([0.0 if name.rsplit(".", 1)[-1] in dropped else 1.0
-                     for name, _ in STATE_FIELDS])
+    return (np.array([0.0 if n in dropped else 1.0 for n, _ in TASK_FIELDS]),
+            np.array([0.0 if n in dropped else 1.0 for n, _ in DEVICE_FIELDS]))
 
 
 class ObservationEncoder:
-    """Environment observations as the learner's flat input, with the ablations.
+    """Environment observations as a learner's flat input, with the ablations.
 
     Args:
         features: ``"all"``, ``"no-telemetry"`` or ``"no-topology"``.
-        use_mask: False shows the learner all-ones masks and acts unmasked.
+        use_mask: False shows the heads all-ones masks (and acts unmasked).
+        slots: device slots of a fixed-size learner (PPO, TD3); None (a set
+            learner): as many as the batch's last usable device needs.
     """
 
-    def __init__(self, features: str = "all", use_mask: bool = True) -> None:
+    def __init__(self, features: str = "all", use_mask: bool = True,
+                 slots: int | None = None) -> None:
         self.features = features
         self.use_mask = bool(use_mask)
-        self.keep = feature_keep(features)
+        self.keep_task, self.keep_device = feature_keep(features)
+        self.slots = slots
+
+    def width(self, obs: Mapping[str, np.ndarray]) -> int:
+        """Device slots of :meth:`flat` for ``obs`` (a batch or one)."""
+        if self.slots is not None:
+            return self.slots
+        used = np.flatnonzero(np.asarray(obs["device_mask"]).reshape(
+            -1, SLOTS).any(axis=0))
+        return int(used[-1]) + 1 if used.size else 1
 
     def flat(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """``(..., OBS_DIM)`` float64 for an observation dict (batch axes kept)."""
-        state = np.asarray(obs["state"], dtype=np.float64) * self.keep
-        parts = [state]
-        for key in OBS_KEYS[1:]:
-            m = np.asarray(obs[key], dtype=np.float64)
-            parts.append(m if self.use_mask else np.ones_like(m))
+        """``(..., flat_dim)`` float64: the task row, then the device rows of
+        :meth:`width` slots; a fixed-size learner's rows end with the masks
+        (all ones where ``use_mask`` is off)."""
+        n = self.width(obs)
+        task = np.asarray(obs["task"], dtype=np.float64) * self.keep_task
+        dev = np.asarray(obs["devices"], dtype=np.float64)[..., :n, :] \
+            * self.keep_device
+        parts = [task, dev.reshape(*dev.shape[:-2], -1)]
+        if self.slots is not None:
+            for key in ("device_mask", "mode_mask", "path_mask", "block_mask"):
+                m = np.asarray(obs[key], dtype=np.float64)
+                m = m[..., :n] if key == "device_mask" else m
+                parts.append(m if self.use_mask or key == "device_mask"
+                             else np.ones_like(m))
         return np.concatenate(parts, axis=-1)
 
     def masks(self, obs: Mapping[str, np.ndarray]
-              ) -> tuple[np.ndarray | None, list[np.ndarray | None] | None]:
-        """Device mask and one mask per head of :data:`HEADS` (bool), or
-        ``(None, None)`` without masks."""
+              ) -> tuple[np.ndarray, list[np.ndarray | None]]:
+        """Device mask over :meth:`width` slots and one mask per head of
+        :data:`HEADS` (bool; None where unmasked)."""
+        n = self.width(obs)
+        dmask = np.asarray(obs["device_mask"])[..., :n] != 0
         if not self.use_mask:
-            return None, None
-        return (np.asarray(obs["device_mask"]) != 0,
-                [None if k is None else np.asarray(obs[k]) != 0 for k in HEAD_MASKS])
+            return dmask, [None] * len(HEADS)
+        return dmask, [None if k is None else np.asarray(obs[k]) != 0
+                       for k in HEAD_MASKS]
 
 
-def action_from_choices(shares: np.ndarray, choices: Sequence[int] | np.ndarray
-                        ) -> dict[str, Any]:
-    """An environment action from shares ``(..., 8)`` and head choices
-    ``(..., 4)`` in :data:`HEADS` order."""
+def action_from_choices(shares: np.ndarray, choices: Sequence[int] | np.ndarray,
+                        slots: int = SLOTS) -> dict[str, Any]:
+    """An environment action from shares ``(..., n)`` (padded to ``slots``)
+    and head choices ``(..., 4)`` in :data:`HEADS` order."""
+    s = np.asarray(shares)
+    pad = [(0, 0)] * (s.ndim - 1) + [(0, slots - s.shape[-1])]
     ch = np.asarray(choices)
-    return {"shares": np.asarray(shares), **{h: ch[..., i]
-                                             for i, h in enumerate(HEADS)}}
+    return {"shares": np.pad(s, pad), **{h: ch[..., i] for i, h in enumerate(HEADS)}}
+
+
+class _Context:
+    """What one machine under one snapshot contributes to a decision of a
+    task with a given dtype: the task-independent state, the decoder, and
+    for a set learner the task-independent parts of its network.
+
+    The network's inputs enter linearly before the first nonlinearity, so
+    every part that does not depend on the task is folded in here:
+
+    - the device rows' own entries (figures, telemetry, links) and the device
+      part of the separable entries (:data:`SEPARABLE_FIELDS`: a task scalar
+      minus a device constant) into ``first`` (the first layer) and ``skip``
+      (the share outputs' skip);
+    - the scaling ``(x + 4) / 3`` of the :data:`TASK_DEVICE_FIELDS` entries
+      into their weights (``w_dyn``, ``ws_dyn``) and those biases;
+    - the task row, the task part of the separable entries and a constant 1
+      all multiply one matrix, ``w_ext``, whose columns feed the first layer,
+      the set layer (with its bias) and the share skip (with its bias), so
+      one product gives every task-dependent vector;
+    - the feature ablation (``keep``) into every weight.
+
+    Per task, only the five :data:`TASK_DEVICE_FIELDS` rows are computed per
+    device (:func:`task_device_columns`).
+    """
+
+    __slots__ = ("cols", "decoder", "ext", "first", "g", "h1", "h2", "index",
+                 "skip", "split", "task_set", "v_max", "v_mean", "version",
+                 "view", "w3", "w_dyn", "w_ext", "ws_dyn")
+
+    def __init__(self, machine: Machine, telemetry: Snapshot | None, dtype: str,
+                 min_share: float, encoder: ObservationEncoder,
+                 learner: Any) -> None:
+        self.view = view = MachineView(machine, telemetry, dtype)
+        self.decoder = Decoder(machine, telemetry, min_share)
+        self.index = list(view.index)
+        keep_task, keep_dev = encoder.keep_task, encoder.keep_device
+        self.task_set = view.task_set * keep_task[TASK_FEATURES
+                                                  - len(view.task_set):]
+        self.version = _version(learner)
+        if not isinstance(learner, SetPPOAgent):
+            return
+        p = learner.actor.params
+        c = TASK_FEATURES
+        k = len(self.index)
+        sep = [_DEV[n] for n in SEPARABLE_FIELDS]
+        dyn = [_DEV[n] for n in TASK_DEVICE_FIELDS]
+        rows = view.static.copy()
+        rows[:, sep[0]] = (4.0 - view.log_peak_eff) / 3.0
+        rows[:, sep[1]] = (4.0 - view.log_bw_eff) / 3.0
+        rows[:, sep[2]] = view.log_room / 3.0
+        rows *= keep_dev
+        w1 = p["W1"][c:] * keep_dev[:, None]
+        ws = p["Ws"] * keep_dev[:, None]
+        # (L + 4) / 3 @ W = L @ (W / 3) + 4/3 of W's rows summed
+        self.w_dyn, self.ws_dyn = w1[dyn] / 3.0, ws[dyn] / 3.0
+        self.first = rows @ w1 + p["b1"] + 4.0 * self.w_dyn.sum(axis=0)
+        self.skip = rows @ ws + p["bz"] + 4.0 * self.ws_dyn.sum(axis=0)
+        h1 = w1.shape[1]
+        width = p["W2"].shape[1] if "W2" in p else h1
+        h3 = p["W3"].shape[1]
+        z = ws.shape[1]
+        # ext = [task row (c), t_compute, t_memory, -footprint scalars (3), 1]
+        w_ext = np.zeros((c + len(sep) + 1, h1 + h3 + z))
+        w_ext[:c, :h1] = p["W1"][:c] * keep_task[:, None]
+        w_ext[:c, h1:h1 + h3] = p["W3"][2 * width:] * keep_task[:, None]
+        w_ext[c:c + len(sep), :h1] = w1[sep]
+        w_ext[c:c + len(sep), h1 + h3:] = ws[sep]
+        w_ext[-1, h1:h1 + h3] = p["b3"]
+        self.w_ext = w_ext
+        self.split = (h1, h1 + h3)
+        self.ext = np.zeros(c + len(sep) + 1)
+        self.ext[-1] = 1.0
+        # the set layer's pooled inputs: the mean's half divided by k
+        self.w3 = np.vstack([p["W3"][:width] / max(k, 1),
+                             p["W3"][width:2 * width]])
+        self.v_mean = self.v_max = None
+        if "W2" in p:
+            self.v_mean = p["V2"][:h1] / max(k, 1)
+            self.v_max = p["V2"][h1:]
+        self.cols = np.empty((len(dyn), k))
+        self.h1, self.h2 = np.empty((k, h1)), np.empty((k, width))
+        self.g = np.empty(2 * width)
+
+
+def _version(learner: Any) -> Any:
+    """What changes when the learner's weights do (its optimiser's step)."""
+    opt = getattr(learner, "optimizer", None)
+    return getattr(opt, "t", None)
+
+
+_DEV = {name: i for i, (name, _) in enumerate(DEVICE_FIELDS)}
 
 
 class LearnedPolicy:
     """A learner behind ``decide(task, machine, telemetry) -> Decision``.
 
     Args:
-        learner: a :class:`PPOAgent` (fast path), or anything with
-            ``propose(obs, device_mask, discrete_masks) -> (shares, choices)``
-            over the flat observation and the heads of :data:`HEADS`.
+        learner: a :class:`SetPPOAgent` (any machine), or anything with
+            ``n_devices`` slots and ``propose(obs, device_mask,
+            discrete_masks) -> (shares, choices)`` over the flat observation.
         name: the policy's name (default ``"rl-ppo"``, ``"rl-td3"``...).
         features, use_mask: the ablations (:class:`ObservationEncoder`).
         min_share: shares below this fraction are dropped, as in the
             environment (1e-3).
-        header: what the policy file said (training summary), if loaded.
+        header: what the policy file said (training summary, what it was
+            trained on), if loaded.
     """
 
     def __init__(self, learner: Any, *, name: str | None = None,
@@ -163,23 +309,18 @@ class LearnedPolicy:
                  min_share: float = 1e-3,
                  header: Mapping[str, Any] | None = None) -> None:
         self.learner = learner
-        kind = {"PPOAgent": "ppo", "TD3Agent": "td3", "ShareBandit": "bandit"}.get(
-            type(learner).__name__, type(learner).__name__.lower())
+        kind = {"SetPPOAgent": "ppo", "PPOAgent": "ppo-flat", "TD3Agent": "td3",
+                "ShareBandit": "bandit"}.get(type(learner).__name__,
+                                             type(learner).__name__.lower())
         self.name = name or f"rl-{kind}"
-        self.encoder = ObservationEncoder(features, use_mask)
+        self.is_set = isinstance(learner, SetPPOAgent)
+        self.encoder = ObservationEncoder(
+            features, use_mask, None if self.is_set else learner.n_devices)
         self.min_share = float(min_share)
         self.header = dict(header or {})
-        self._x = np.zeros(OBS_DIM)
-        self._ones = np.ones(OBS_DIM - STATE_DIM)
-        self._slices = getattr(learner, "_slices", None)
-        self._task = np.zeros(TASK_FEATURES, dtype=np.float32)
-        self._h = np.empty(OBS_DIM)
-        self._scratch: list[np.ndarray] = []
-        self._scratch_for: Any = None
-        #: What the machine and telemetry contribute to an observation, keyed
-        #: by (dtype, merge), valid for the objects in ``_context_of``.
-        self._context_of: tuple[Any, ...] = ()
-        self._context: dict[tuple[str, str], _Context] = {}
+        self._task = np.zeros(TASK_FEATURES)
+        self._of: tuple[Any, ...] = ()
+        self._contexts: dict[str, _Context] = {}
 
     @property
     def features(self) -> str:
@@ -189,119 +330,205 @@ class LearnedPolicy:
     def use_mask(self) -> bool:
         return self.encoder.use_mask
 
-    def _context_for(self, task: TaskSpec, machine: Machine,
-                     telemetry: Snapshot | None) -> _Context:
-        """The task-independent part of the observation for ``task``'s dtype
-        and merge on ``machine`` under ``telemetry``.
-
-        Machines and snapshots are frozen, so the cache holds the objects
-        themselves and compares identity: another machine, another snapshot or
-        another encoder starts a fresh cache. A miss computes everything with
-        :func:`encode_state` and :func:`masks`, so a hit gives the same bits.
-        """
-        key = (machine, telemetry, self.encoder)
-        if len(self._context_of) != 3 or any(
-                a is not b for a, b in zip(key, self._context_of, strict=True)):
-            self._context_of, self._context = key, {}
-        ctx = self._context.get((task.dtype, task.merge))
-        if ctx is None:
-            ctx = _Context(task, machine, telemetry, self.encoder)
-            if len(self._context) < 64:
-                self._context[task.dtype, task.merge] = ctx
+    def _context(self, task: TaskSpec, machine: Machine,
+                 telemetry: Snapshot | None) -> _Context:
+        """The cached context for ``task.dtype`` on ``machine`` under
+        ``telemetry``. Machines and snapshots are frozen, so the cache holds
+        the objects and compares identity: another machine or snapshot
+        starts a fresh cache."""
+        of = self._of
+        if len(of) != 2 or of[0] is not machine or of[1] is not telemetry:
+            self._of, self._contexts = (machine, telemetry), {}
+        ctx = self._contexts.get(task.dtype)
+        if ctx is None or ctx.version != _version(self.learner):
+            ctx = _Context(machine, telemetry, task.dtype, self.min_share,
+                           self.encoder, self.learner)
+            self._contexts[task.dtype] = ctx
         return ctx
 
-    def observe(self, task: TaskSpec, machine: Machine,
-                telemetry: Snapshot | None = None
-                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """The flat observation ``(OBS_DIM,)`` (a view into a reused buffer)
-        and the environment's masks for ``task`` on ``machine`` (read-only
-        arrays, shared between calls)."""
-        x, ctx = self._observe(task, machine, telemetry)
-        return x, ctx.masks
-
-    def _observe(self, task: TaskSpec, machine: Machine,
-                 telemetry: Snapshot | None) -> tuple[np.ndarray, _Context]:
-        ctx = self._context_for(task, machine, telemetry)
+    def state(self, task: TaskSpec, machine: Machine,
+              telemetry: Snapshot | None = None
+              ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """What the policy sees: the task row ``(TASK_FEATURES,)`` (a reused
+        buffer), the rows of the usable devices ``(k, DEVICE_FEATURES)`` and
+        their machine indices; the ablations applied."""
+        ctx = self._context(task, machine, telemetry)
         t = self._task
         t.fill(0.0)
         encode_task(task, t)
-        x = self._x
-        np.multiply(t, ctx.keep_task, out=x[:TASK_FEATURES])
-        x[TASK_FEATURES:] = ctx.rest
-        return x, ctx
-
-    def _ppo_act(self, x: np.ndarray, ctx: _Context
-                 ) -> tuple[list[float], list[int]]:
-        """Deterministic PPO action for one observation: actor only, no copies
-        of the weights, no distribution objects, no allocations but the small
-        lists returned."""
-        agent: PPOAgent = self.learner
-        h = x
-        if agent.config.normalize_obs:
-            rms = agent.obs_rms
-            h = self._h
-            # np.clip((x - mean) / sqrt(var + eps), -clip, clip), in place
-            np.subtract(x, rms.mean, out=h)
-            np.divide(h, np.sqrt(rms.var + rms.eps), out=h)
-            np.maximum(h, -rms.clip, out=h)
-            np.minimum(h, rms.clip, out=h)
-        actor = agent.actor
-        if self._scratch_for is not actor:
-            self._scratch_for, self._scratch = actor, actor.scratch()
-        out = actor.forward_one(h, self._scratch)
-        alpha = concentration_forward(out[self._slices[0]],
-                                      agent.config.alpha_min).tolist()
-        values = out.tolist()
-        if ctx.usable is not None:
-            alpha = [a if u else 0.0 for a, u in zip(alpha, ctx.usable, strict=True)]
-        choices = [_argmax(values[s], allowed)
-                   for s, allowed in zip(self._slices[1:], ctx.allowed, strict=True)]
-        return alpha, choices
+        t *= self.encoder.keep_task
+        t[TASK_FEATURES - len(ctx.task_set):] = ctx.task_set
+        rows = device_rows(ctx.view, task_terms(task)) * self.encoder.keep_device
+        return t, rows, ctx.index
 
     def act(self, task: TaskSpec, machine: Machine,
             telemetry: Snapshot | None = None
             ) -> tuple[np.ndarray, list[int], dict[str, np.ndarray]]:
-        """Raw deterministic action: shares ``(8,)``, choices per head, masks."""
+        """Raw deterministic action: shares ``(machine.n,)``, the head
+        choices in :data:`HEADS` order, and the masks."""
         shares, choices, ctx = self._act(task, machine, telemetry)
-        return np.asarray(shares, dtype=np.float64), choices, ctx.masks
+        return np.asarray(shares), choices, ctx.decoder.masks(task, machine.n)
 
     def _act(self, task: TaskSpec, machine: Machine, telemetry: Snapshot | None
              ) -> tuple[list[float], list[int], _Context]:
-        x, ctx = self._observe(task, machine, telemetry)
-        if isinstance(self.learner, PPOAgent):
-            shares, choices = self._ppo_act(x, ctx)
-            return shares, choices, ctx
-        dmask, cmasks = self.encoder.masks(ctx.masks)
-        shares, choices = self.learner.propose(x.copy(), dmask, cmasks)
-        shares = np.asarray(shares, dtype=np.float64).tolist()
-        return shares, [int(c) for c in choices], ctx
+        if not self.is_set:
+            return self._act_flat(task, machine, telemetry)
+        ctx = self._context(task, machine, telemetry)
+        agent: SetPPOAgent = self.learner
+        index = ctx.index
+        if self.use_mask:
+            device, heads = ctx.decoder.allowed(task)
+            heads = (*heads, None)
+            usable = [i for i in index if device[i]]
+        else:
+            heads, usable = (None,) * len(HEADS), index
+        if len(usable) == len(index):
+            z, y = self._forward(task, ctx)
+        else:  # a device too small for this task: the plain computation
+            t, rows, _ = self.state(task, machine, telemetry)
+            keep = [index.index(i) for i in usable]
+            z, y = agent.actor.forward_one(t, rows[keep])
+        values = y.tolist()
+        choices = [_argmax(values[s], allowed)
+                   for s, allowed in zip(agent._slices, heads, strict=True)]
+        h = agent.config.share_head
+        c = 2 * (choices[h] if h >= 0 else 0)
+        p = waterfill_one(z[:, c].tolist(), z[:, c + 1].tolist())
+        shares = [0.0] * machine.n
+        for i, s in zip(usable, p, strict=True):
+            shares[i] = s
+        return shares, choices, ctx
+
+    def _forward(self, task: TaskSpec, ctx: _Context
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`SetNet.forward_one` on the state of ``task`` with every
+        usable device, the task-independent parts taken from ``ctx``: the
+        same values up to rounding, in a fraction of the operations (into
+        buffers kept in ``ctx``: the next call overwrites them)."""
+        p = self.learner.actor.params
+        whole = workload(task).work(task, task.split_size)
+        terms = task_terms(task, whole)
+        ext = ctx.ext
+        c = TASK_FEATURES
+        ext[:c] = 0.0
+        encode_task(task, ext, whole)
+        ext[c - len(ctx.task_set):c] = ctx.task_set
+        lf, lm, lfoot = task_logs(terms)
+        ext[c:c + 3] = (lf / 3.0, lm / 3.0, -lfoot / 3.0)
+        e = ext @ ctx.w_ext
+        a, b = ctx.split
+        dyn = task_device_columns(ctx.view, terms, ctx.cols, scaled=False).T
+        h1, h2, g = ctx.h1, ctx.h2, ctx.g
+        np.dot(dyn, ctx.w_dyn, out=h1)
+        h1 += ctx.first
+        h1 += e[:a]
+        np.tanh(h1, out=h1)
+        if ctx.v_mean is None:
+            h2 = h1
+        else:
+            np.dot(h1, p["W2"], out=h2)
+            h2 += h1.sum(axis=0) @ ctx.v_mean + h1.max(axis=0) @ ctx.v_max \
+                + p["b2"]
+            np.tanh(h2, out=h2)
+        w = h2.shape[1]
+        np.add.reduce(h2, axis=0, out=g[:w])
+        np.maximum.reduce(h2, axis=0, out=g[w:])
+        y = np.tanh(g @ ctx.w3 + e[a:b]) @ p["Wy"] + p["by"]
+        z = h2 @ p["Wz"] + ctx.skip + (dyn @ ctx.ws_dyn + e[b:])
+        return z, y
+
+    def _act_flat(self, task: TaskSpec, machine: Machine,
+                  telemetry: Snapshot | None
+                  ) -> tuple[list[float], list[int], _Context]:
+        """A fixed-slot learner: the environment's observation, flattened."""
+        slots = self.encoder.slots
+        if machine.n > slots:
+            raise ValueError(f"{self.name} has {slots} device slots; "
+                             f"{machine.name} has {machine.n} devices")
+        ctx = self._context(task, machine, telemetry)
+        obs = observe(task, machine, telemetry, decoder=ctx.decoder)
+        x = self.encoder.flat(obs)
+        dmask, cmasks = self.encoder.masks(obs)
+        shares, choices = self.learner.propose(x, dmask, cmasks)
+        out = [0.0] * machine.n
+        for i in range(machine.n):
+            out[i] = float(shares[i])
+        return out, [int(c) for c in choices], ctx
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
         """The policy's decision for ``task`` (not hashed, not yet gated)."""
         shares, ch, ctx = self._act(task, machine, telemetry)
-        weights = project_share_row(shares, ctx.device, ch[1], self.min_share)
+        if self.use_mask:
+            return ctx.decoder.decide(task, shares, ch[0], ch[1], ch[2], ch[3],
+                                      hashed=False)
+        weights = project_share_row(shares, ctx.decoder.healthy, ch[1],
+                                    self.min_share)
         return decision_from_weights_row(task, weights, ch[0], ch[1], ch[2], ch[3],
                                          hashed=False)
 
-    def save(self, path: str | Path, summary: Mapping[str, Any] | None = None
-             ) -> Path:
-        """Write the (PPO) learner with the feature spec and ``summary`` in the
-        header; :func:`load_policy` reads it back."""
-        if not isinstance(self.learner, PPOAgent):
-            raise TypeError(f"only PPO policies are saved as files, not "
+    def notes(self, machine: Machine) -> list[str]:
+        """Where ``machine`` lies outside what the policy was trained on (more
+        devices than any training machine, card models it never met), one
+        line each; empty when it lies inside or the file does not say."""
+        seen = self.header.get("trained_on") or {}
+        out = []
+        most = seen.get("max_devices")
+        if most is not None and machine.n > most:
+            out.append(f"{machine.name} has {machine.n} devices; the policy was "
+                       f"trained on machines of at most {most}")
+        models = seen.get("models")
+        if models is not None:
+            new = sorted({d.name for d in machine.devices if d.kind != "cpu"}
+                         - set(models))
+            if any(d.kind == "cpu" for d in machine.devices) \
+                    and "cpu" not in seen.get("kinds", ["cpu"]):
+                new.append("CPU cores")
+            if new:
+                out.append(f"the policy never met {', '.join(new)} in training "
+                           "(zero-shot on this machine)")
+        return out
+
+    def save(self, path: str | Path, summary: Mapping[str, Any] | None = None,
+             trained_on: Mapping[str, Any] | None = None) -> Path:
+        """Write the (set PPO) learner with the feature spec, ``summary`` and
+        ``trained_on`` in the header; :func:`load_policy` reads it back."""
+        if not self.is_set:
+            raise TypeError(f"only set PPO policies are saved as files, not "
                             f"{type(self.learner).__name__}")
         header = {"spec": feature_spec(), "name": self.name,
                   "features": self.features, "use_mask": self.use_mask,
                   "min_share": self.min_share,
+                  "trained_on": dict(trained_on or self.header.get("trained_on")
+                                     or {}),
                   "summary": json.loads(json.dumps(dict(summary or {}),
                                                    default=float))}
         return self.learner.save(path, header)
 
 
+def waterfill_one(log_time: Sequence[float], log_fixed: Sequence[float]
+                  ) -> list[float]:
+    """:func:`lib.learners.setnet.waterfill_forward` for one set of present
+    devices, on a handful of floats: the shares that equalise finish times."""
+    rate = [math.exp(-min(max(a, -700.0), 700.0)) for a in log_time]
+    fixed = [math.exp(min(max(b, -700.0), 700.0)) for b in log_fixed]
+    low = min(fixed)
+    fixed = [f - low for f in fixed]  # relative: no cancellation in T - f
+    order = sorted(range(len(rate)), key=fixed.__getitem__)
+    big_r = big_f = 0.0
+    t = math.inf
+    for m, i in enumerate(order):
+        big_r += rate[i]
+        big_f += rate[i] * fixed[i]
+        t = (1.0 + big_f) / big_r
+        if m + 1 == len(order) or t <= fixed[order[m + 1]]:
+            break
+    return [max(t - f, 0.0) * r for r, f in zip(rate, fixed, strict=True)]
+
+
 def _argmax(values: Sequence[float], allowed: Sequence[Any] | None) -> int:
-    """``np.argmax`` of ``values`` with disallowed entries at ``-inf`` (the
-    first maximum; a NaN wins as in numpy), on a handful of floats."""
+    """``np.argmax`` of ``values`` with disallowed entries skipped (the first
+    maximum; a NaN wins as in numpy), on a handful of floats."""
     best, at = -math.inf, 0
     for i, v in enumerate(values):
         if allowed is not None and not allowed[i]:
@@ -313,67 +540,47 @@ def _argmax(values: Sequence[float], allowed: Sequence[Any] | None) -> int:
     return at
 
 
-class _Context:
-    """What a machine under one telemetry snapshot contributes to an
-    observation of a task with a given dtype and merge.
-
-    Attributes:
-        keep_task: ``(TASK_FEATURES,)`` the feature mask of the task entries.
-        rest: the state past the task entries and the flat masks, float64,
-            features already zeroed (the observation's tail).
-        masks: the environment's masks (read-only int8 arrays).
-        device: the device mask as a list of bools.
-        usable: ``device`` where the policy acts masked, else ``None``.
-        allowed: per head of :data:`HEADS`, the allowed options as a list of
-            bools, or ``None`` (unmasked head or unmasked policy).
-    """
-
-    __slots__ = ("allowed", "device", "keep_task", "masks", "rest", "usable")
-
-    def __init__(self, task: TaskSpec, machine: Machine,
-                 telemetry: Snapshot | None, encoder: ObservationEncoder) -> None:
-        m = masks(task, machine, telemetry)
-        for v in m.values():
-            v.flags.writeable = False
-        state = encode_state(task, machine, telemetry) * encoder.keep
-        parts = [state[TASK_FEATURES:]]
-        for key in OBS_KEYS[1:]:
-            parts.append(np.asarray(m[key], dtype=np.float64) if encoder.use_mask
-                         else np.ones(m[key].size))
-        self.keep_task = encoder.keep[:TASK_FEATURES].copy()
-        self.rest = np.concatenate(parts)
-        self.masks = m
-        self.device = (m["device_mask"] != 0).tolist()
-        use = encoder.use_mask
-        self.usable = self.device if use else None
-        self.allowed = [(m[key] != 0).tolist() if use and key is not None else None
-                        for key in HEAD_MASKS]
-
-
 def load_policy(path: str | Path | None = None, *, features: str | None = None,
                 use_mask: bool | None = None) -> LearnedPolicy:
     """A :class:`LearnedPolicy` from a policy file (default: the shipped
-    ``lib/policies/hetero-4.npz``).
+    ``lib/policies/catalog.npz``).
 
     ``features`` and ``use_mask`` default to what the file was trained with.
 
     Raises:
         PolicyFormatError: missing or unreadable file, or a file trained for
-            another feature spec (one line naming what differs).
+            another state layout or action vocabulary (one line naming it).
     """
     path = Path(path) if path is not None else DEFAULT_POLICY
     if not path.is_file():
         raise PolicyFormatError(f"policy file {path} does not exist; train one "
                                 "with `gpuhive train`")
     try:
-        agent = PPOAgent.load(path, expected_spec=feature_spec())
+        agent = SetPPOAgent.load(path, expected_spec=feature_spec())
     except PolicyFormatError as exc:
         line = str(exc).splitlines()[0]
+        old = _old_version(path)
+        if old is not None:
+            line = (f"{path}: a policy for state version {old} (a fixed number "
+                    f"of device slots); this code reads version {STATE_VERSION}")
         raise PolicyFormatError(f"{line} (the policy was trained for another "
-                                "state layout; retrain it)") from None
+                                "state layout; retrain it with `gpuhive train`)"
+                                ) from None
     head = agent.loaded_header or {}
     return LearnedPolicy(agent, name=head.get("name"),
                          features=features or head.get("features", "all"),
                          use_mask=head.get("use_mask", True) if use_mask is None
                          else use_mask,
                          min_share=head.get("min_share", 1e-3), header=head)
+
+
+def _old_version(path: Path) -> int | None:
+    """The state version an older policy file names, if it names one."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            head = json.loads(str(npz["header"]))
+        version = (head.get("spec") or {}).get("state_version")
+        return int(version) if version is not None and version != STATE_VERSION \
+            else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

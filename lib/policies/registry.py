@@ -12,17 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from lib.policies import learned
 from lib.policies.baselines import BASELINES, Policy, ProportionalToPeak
-from lib.policies.learned import PolicyFormatError, load_policy
+from lib.policies.learned import load_policy
 from lib.policies.oracle import Oracle
 
 
 def default_policy() -> Policy:
-    """The shipped learned policy, or proportional-to-peak without one."""
-    try:
-        return load_policy()
-    except PolicyFormatError:
+    """The shipped learned policy (one for every machine), or
+    proportional-to-peak where no policy file ships.
+
+    Raises:
+        lib.learners.ppo.PolicyFormatError: a shipped file that cannot be
+            loaded (never silently replaced by a baseline).
+    """
+    if not learned.DEFAULT_POLICY.is_file():
         return ProportionalToPeak()
+    return load_policy()
 
 
 #: Every policy by name: the learned one (``rl``), the six cheap baselines and

@@ -5,19 +5,22 @@
 1. **cost model**, the model backend with the uncalibrated parameters, in two
    parts:
 
-   a. *imitate the exhaustive optimum on the cost model*
+   a. *imitate the exact optimum on the cost model*
       (:func:`imitation_labels`, :func:`imitate`): tasks drawn as stage 1b
-      draws them are labelled with :func:`lib.policies.oracle.optimum`'s
+      draws them (every curriculum stage, then the target machine mixed with
+      the catalog) are labelled with :func:`lib.policies.oracle.optimum`'s
       decision, turned into the environment's action (shares on the device
-      slots; block, mode, path and chunk-count indices), and the PPO policy
-      maximises their log-likelihood (:meth:`PPOAgent.imitation_update`; the
-      critic regresses the optimum's reward ``log(T_eq / T_opt)``). The labels
-      are drawn once and reused for every step; ``imitation_steps=0`` skips
-      this part, and TD3 skips it (it fits PPO's heads);
-   b. *PPO over the curriculum*: PPO (or TD3) on ``GPUHive-Split-v0`` over
-      the curriculum (:data:`lib.env.DEFAULT_STAGES`: homogeneous,
-      heterogeneous, small tasks, busy, catalog), then a last stage on the
-      target machine itself (tasks from 10 KB to 10 GB, idle devices). With
+      slots; block, mode, path and chunk-count indices), and the set policy
+      fits them (:meth:`SetPPOAgent.imitation_update`: cross-entropy and a
+      makespan term on the water-filled shares, cross-entropy on the heads;
+      the critic regresses the optimum's reward ``log(T_eq / T_opt)``). The
+      labels are drawn once, reused for every step, and kept as PPO's
+      demonstrations; ``imitation_steps=0`` skips this part, and TD3 skips it;
+   b. *PPO over the curriculum* (:data:`lib.env.DEFAULT_STAGES`: identical,
+      mixed, shipped, busy, catalog; 1 to 16 devices), every step with the
+      imitation loss on the demonstrations added (as DAPG does), then a last
+      part that mixes the target machine (idle and loaded) with the catalog
+      (``target_mix``), so the one policy keeps serving every machine. With
       ``curriculum=False`` both parts use the target machine only;
 2. **calibrated, noisy model** -- the target machine with its calibrated
    parameters where ``gpuhive calibrate`` saved some (``load_params``), else
@@ -29,12 +32,13 @@
    has no devices to measure: the stage is skipped and the reason printed.
 
 Every decision is one independent task (task mode), so an iteration is a batch
-of one-step episodes and the advantage is ``reward - V(s)``. Iteration ``k`` of
-a stage resets its environments with a seed derived from ``(seed, stage, k)``:
-the data an iteration sees depends only on the seed and the iteration, so a
-run that resumes from a checkpoint (learner weights, optimiser moments,
-normaliser, random generator state, curves) ends exactly where an
-uninterrupted run with the same seed ends. The learner is any
+of one-step episodes (each terminates) and the advantage is ``reward - V(s)``.
+Iteration ``k`` of a stage resets its environments with a seed derived from
+``(seed, stage, k)``: the data an iteration sees depends only on the seed and
+the iteration, so a run that resumes from a checkpoint (learner weights,
+optimiser moments, random generator state, curves; the demonstrations from
+``imitation.npz``) ends exactly where an uninterrupted run with the same seed
+ends. The learner is any
 :class:`lib.learners.TrainableLearner` (PPO or TD3).
 
 At the end the policy is evaluated on held-out tasks of the target machine
@@ -53,7 +57,8 @@ Modules:
 - :mod:`lib.training.rollouts` -- iterations of a model-backend phase;
 - :mod:`lib.training.measured` -- stage 3 on the real backend;
 - :mod:`lib.training.trainer` -- :func:`train` and :func:`fine_tune`;
-- :mod:`lib.training.bandit` -- :func:`bandit_curve`, online adaptation.
+- :mod:`lib.training.bandit` -- :func:`bandit_curve`, online adaptation;
+- :mod:`lib.training.threads` -- one BLAS thread while training.
 """
 
 from lib.training.bandit import bandit_curve

@@ -3,6 +3,7 @@ learner it describes, and what a run reports."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -10,18 +11,24 @@ from typing import Any
 from lib.budgets import check_budget, plans
 from lib.contract import BLOCKS, MODES
 from lib.learners import TrainableLearner
-from lib.learners.ppo import PPOAgent, PPOConfig
+from lib.learners.setppo import SetPPOAgent, SetPPOConfig
 from lib.learners.td3 import TD3Agent, TD3Config
 from lib.policies.learned import (
     HEAD_SIZES,
-    OBS_DIM,
+    HEADS,
     LearnedPolicy,
     ObservationEncoder,
+    flat_dim,
 )
-from lib.policies.observation import STATE_DEVICES
+from lib.policies.observation import DEVICE_FEATURES, DEVICE_FIELDS, TASK_FEATURES
 
-#: The learners :class:`TrainConfig` can train.
+DEVICE_FIELD_NAMES = [name for name, _ in DEVICE_FIELDS]
+
+#: The learners :class:`TrainConfig` can train: ``ppo`` is the set policy
+#: (any number of devices); ``td3`` has :data:`TD3_SLOTS` fixed device slots.
 LEARNERS = ("ppo", "td3")
+#: Device slots of the TD3 learner (the curriculum's largest machine).
+TD3_SLOTS = 16
 #: The stages of a run, in order.
 STAGES = ("cost-model", "calibrated", "measured")
 
@@ -52,10 +59,10 @@ class TrainingPlan:
 
 TRAINING_PLANS: dict[str, TrainingPlan] = plans({
     "smoke": TrainingPlan((256,) * 5, 512, 256, 8, 32, 8, 12, 24, 4),
-    "quick": TrainingPlan((8_192, 16_384, 16_384, 16_384, 24_576), 163_840, 24_576, 64,
-                    64, 32, 200, 4_096, 4_000),
-    "full": TrainingPlan((50_000, 100_000, 100_000, 100_000, 200_000), 2_000_000,
-                   200_000, 512, 128, 32, 500, 16_384, 20_000),
+    "quick": TrainingPlan((2_048, 4_096, 4_096, 4_096, 8_192), 4_096, 2_048, 64,
+                          64, 32, 200, 8_000, 6_000),
+    "full": TrainingPlan((50_000, 100_000, 100_000, 100_000, 200_000), 400_000,
+                         100_000, 512, 128, 32, 500, 40_000, 40_000),
 }, "training plans")
 
 
@@ -83,26 +90,35 @@ class TrainConfig:
     """Stage 2: std of the log-normal factor on every predicted time."""
     checkpoint_every: int = 10
     """Iterations between checkpoints (and at the end of every stage)."""
-    lr: float = 1e-3
-    """Adam step size at the start; annealed linearly to ``lr_final``."""
-    lr_final: float = 1e-4
-    """Adam step size at the end of a stage."""
-    ent_coef: float = 3e-3
+    lr: float = 5e-5
+    """PPO step size at the start of a phase, annealed linearly to
+    ``lr_final`` (small: PPO refines what stage 1a imitated; on the cost model
+    the optimum is known, and sampled rewards tell the policy less than it
+    already knows, so large steps only add noise)."""
+    lr_final: float = 2e-5
+    """Step size at the end of a phase (and of stage 1a)."""
+    ent_coef: float = 1e-3
     """Entropy bonus at the start; annealed linearly to 0 over a stage."""
-    hidden: tuple[int, ...] = (128, 128)
-    """Hidden widths of actor and critic."""
+    hidden: tuple[int, ...] = (64, 64, 64)
+    """Hidden widths: the set network's item encoder, item layer and set
+    layer (PPO); TD3's MLP layers."""
     epochs: int = 4
     """PPO epochs per batch."""
     minibatch_size: int = 512
-    """PPO rows per gradient step."""
-    alpha_init: float = 8.0
-    """PPO initial Dirichlet concentration per device."""
-    alpha_min: float = 0.05
-    """PPO floor of every Dirichlet concentration (0.01 to 1). The policy acts
-    on the Dirichlet mean, where a left-out device keeps a share of about
-    ``alpha_min / sum(alpha)``: well below 1 lets it leave devices out (share
-    under ``min_share``, 1e-3) as the optimum does, without concentrations in
-    the thousands."""
+    """PPO rows per gradient step (and stage 1a's)."""
+    kappa_init: float = 2000.0
+    """PPO initial total Dirichlet concentration (a sampled share p spreads
+    about sqrt(p / kappa) around the mean). Large: the policy gradient
+    optimises the reward *under* the sampling noise, and since the slowest
+    device sets the time, noise makes it shift work off small-share devices;
+    that bias grows with the noise's variance (PREDICTED on hetero-4: 200
+    moved T_rl/T_opt from 1.021 to 1.033; 1000 and above did not)."""
+    kappa_min: float = 4.0
+    """PPO floor of the total concentration."""
+    target_mix: float = 0.5
+    """Fraction of the environments of stage 1's last part and of stage 2 on
+    the target machine; the rest keep drawing from the curriculum's last
+    stage, so one policy keeps serving every machine."""
     penalty: float = 1.0
     """Reward of a decision Gate 1 refuses is ``-penalty``."""
     eval_seed: int = 7919
@@ -112,11 +128,10 @@ class TrainConfig:
     stage 1a (PPO from scratch)."""
     imitation_labels: int | None = None
     """Stage 1a labelled tasks; None takes the budget's."""
-    imitation_eps: float = 1e-3
-    """Stage 1a: weight of the uniform mix that moves the optimum's shares
-    inside the simplex (:func:`interior_shares`). Keep ``eps / K`` (K usable
-    devices) under the 1e-3 share the policy drops, or the imitated mean keeps
-    a sliver on devices the optimum leaves out (1e-4 to 1e-3)."""
+    imitation_batch: int = 256
+    """Stage 1a rows per gradient step."""
+    imitation_lr: float = 3e-3
+    """Stage 1a step size at the start, annealed linearly to ``lr_final``."""
 
     def __post_init__(self) -> None:
         check_budget(self.budget)
@@ -133,9 +148,9 @@ class TrainConfig:
             if value is not None and value < 0:
                 raise ValueError(f"{name} {value}: expected >= 0 (or None for "
                                  f"the {self.budget} budget's)")
-        if not 0.0 < self.imitation_eps < 1.0:
-            raise ValueError(f"imitation_eps {self.imitation_eps}: expected a "
-                             "weight in (0, 1), typically 1e-3")
+        if not 0.0 <= self.target_mix <= 1.0:
+            raise ValueError(f"target_mix {self.target_mix}: expected a "
+                             "fraction in [0, 1]")
 
     @property
     def plan(self) -> TrainingPlan:
@@ -154,18 +169,50 @@ class TrainConfig:
 
 
 def make_learner(config: TrainConfig) -> TrainableLearner:
-    """A fresh learner over the flat observation and the four heads: a
-    :class:`PPOAgent` or a :class:`TD3Agent` (``config.learner``)."""
+    """A fresh learner over the state and the four heads: a
+    :class:`SetPPOAgent` (any number of devices) or a :class:`TD3Agent`
+    (:data:`TD3_SLOTS` device slots, the flat observation with its masks)."""
     if config.learner == "ppo":
-        return PPOAgent(OBS_DIM, STATE_DEVICES, HEAD_SIZES, PPOConfig(
+        hidden = tuple(config.hidden)
+        if len(hidden) != 3:
+            raise ValueError(f"hidden {hidden}: the set network takes three "
+                             "widths (item encoder, item layer, set layer)")
+        return SetPPOAgent(TASK_FEATURES, DEVICE_FEATURES, HEAD_SIZES, SetPPOConfig(
             lr=config.lr, epochs=config.epochs,
             minibatch_size=config.minibatch_size, ent_coef=config.ent_coef,
-            hidden=tuple(config.hidden), alpha_init=config.alpha_init,
-            alpha_min=config.alpha_min, seed=config.seed))
+            hidden=hidden, kappa_init=config.kappa_init,
+            kappa_min=config.kappa_min, share_head=HEADS.index("mode"),
+            share_prior=share_prior(), seed=config.seed))
     defaults = [BLOCKS.index(256), MODES.index("split"), 0, 0]
-    return TD3Agent(OBS_DIM, STATE_DEVICES, HEAD_SIZES, TD3Config(
+    return TD3Agent(flat_dim(TD3_SLOTS, True), TD3_SLOTS, HEAD_SIZES, TD3Config(
         hidden=tuple(config.hidden), batch_size=256, seed=config.seed),
         default_choices=defaults)
+
+
+def share_prior() -> tuple[tuple[int, int, float], ...]:
+    """The set policy's per-device outputs start as estimates from the
+    device rows: each mode's log whole-task time from its unit-efficiency
+    cost (``cost_split`` for ``single`` and ``split``, ``cost_pipe`` for
+    ``pipelined``: log10 seconds scaled to ``(x + 4) / 3``), its log fixed
+    cost from three host-link latencies (``log_host_lat`` is log10 s + 5)."""
+    ln10 = math.log(10.0)
+    out = []
+    for mode in MODES:
+        cost = DEVICE_FIELD_NAMES.index("cost_pipe" if mode == "pipelined"
+                                        else "cost_split")
+        lat = DEVICE_FIELD_NAMES.index("log_host_lat")
+        c = MODES.index(mode)
+        out += [(cost, 2 * c, 3.0 * ln10), (-1, 2 * c, -4.0 * ln10),
+                (lat, 2 * c + 1, ln10), (-1, 2 * c + 1, -5.0 * ln10 + math.log(3.0))]
+    return tuple(out)
+
+
+def encoder_for(learner: TrainableLearner, config: TrainConfig
+                ) -> ObservationEncoder:
+    """The observation encoder ``learner`` reads (its device slots, if it
+    has a fixed number, and the run's ablations)."""
+    return ObservationEncoder(config.features, config.use_mask,
+                              getattr(learner, "n_devices", None))
 
 
 @dataclass

@@ -1,12 +1,17 @@
-"""Stage 1a: imitating the exhaustive optimum on the cost model.
+"""Stage 1a: imitating the exact optimum on the cost model.
 
-Tasks drawn as stage 1b draws them are labelled with
-:func:`lib.policies.oracle.optimum`'s decision, turned into the environment's
-action (shares on the device slots; block, mode, path and chunk-count
-indices), and the PPO policy maximises their log-likelihood
-(:meth:`PPOAgent.imitation_update`; the critic regresses the optimum's reward
-``log(T_eq / T_opt)``). The labels are drawn once and reused for every step.
-Only PPO imitates: the labels fit its Dirichlet and categorical heads.
+Tasks drawn as stage 1b draws them (every curriculum stage's machines, task
+sizes and loads, then the target machine mixed with the catalog) are labelled
+with :func:`lib.policies.oracle.optimum`'s decision, turned into the
+environment's action (shares on the device slots; block, mode, path and
+chunk-count indices), and the set policy fits them
+(:meth:`SetPPOAgent.imitation_update`: cross-entropy on the shares, a hinge
+that pushes every device the optimum leaves out below a share it drops,
+cross-entropy on each head; the critic regresses the optimum's reward
+``log(T_eq / T_opt)``). A head's label counts only where it matters: the
+chunk count where the optimum pipelines, the path where partial results add
+up. The labels are drawn once and reused for every step. Only the set PPO
+learner imitates: the labels fit its heads.
 """
 
 from __future__ import annotations
@@ -14,25 +19,27 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from lib.env import SplitEnv
-from lib.learners.ppo import PPOAgent, interior_shares
+from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine
 from lib.policies.actions import action_from_decision
-from lib.policies.learned import HEAD_MASKS, HEAD_SIZES, HEADS, ObservationEncoder
-from lib.policies.observation import STATE_DEVICES
+from lib.policies.learned import HEAD_MASKS, HEADS, ObservationEncoder
 from lib.policies.oracle import optimum
 from lib.training.config import TrainConfig
 from lib.training.phases import Phase, plan_phases
 
+_CHUNKS, _PATH = HEADS.index("chunks"), HEADS.index("comm_path")
+
 
 def can_imitate(learner: Any) -> bool:
-    """Whether ``learner`` has the heads stage 1a fits (a :class:`PPOAgent`)."""
-    return isinstance(learner, PPOAgent)
+    """Whether ``learner`` has the heads stage 1a fits (a :class:`SetPPOAgent`)."""
+    return isinstance(learner, SetPPOAgent)
 
 
 def _label_counts(phases: list[Phase], total: int) -> list[int]:
@@ -51,90 +58,117 @@ def _label_counts(phases: list[Phase], total: int) -> list[int]:
 
 def imitation_labels(config: TrainConfig, machine: Machine, count: int,
                      progress: bool = False) -> dict[str, Any]:
-    """The exhaustive optimum's decisions on ``count`` tasks of stage 1, as a
-    behaviour-cloning batch for :meth:`PPOAgent.imitation_update`.
+    """The optimum's decisions on ``count`` tasks of stage 1, as a
+    behaviour-cloning batch for :meth:`SetPPOAgent.imitation_update`.
 
-    Tasks come from the environment of each part of stage 1 (the curriculum
-    stages' machines, task sizes and load, then the target ``machine``; the
-    target only with ``config.curriculum=False``), ``count`` split in
-    proportion to the parts' steps, from seeds of their own. Each label is
-    :func:`lib.policies.oracle.optimum` (about 10 ms a task) turned into the
-    environment's action by :func:`lib.policies.actions.action_from_decision`: the
-    shares on their device slots, the block, mode and path indices, and the
-    pipelined chunk count snapped to the nearest of :data:`CHUNKS` (log scale).
+    Tasks come from the environments of each part of stage 1, ``count`` split
+    in proportion to the parts' steps, from seeds of their own (a mixture
+    part cycles through its environments). Each label is
+    :func:`lib.policies.oracle.optimum` (a few ms a task) turned into the
+    environment's action by :func:`lib.policies.actions.action_from_decision`:
+    the shares on their device slots, the block, mode and path indices, and
+    the pipelined chunk count snapped to the nearest of :data:`CHUNKS` (log
+    scale).
 
     Returns:
-        ``obs`` ``(N, OBS_DIM)``, ``device_mask`` ``(N, 8)`` bool,
+        ``obs`` ``(N, TASK_FEATURES + S DEVICE_FEATURES)`` (``S`` the most
+        devices of any labelled machine), ``device_mask`` ``(N, S)`` bool,
         ``discrete_masks`` (one ``(N, size)`` bool array per head, or None
-        without masks), ``shares`` ``(N, 8)`` (the optimum's, moved inside the
-        simplex by :func:`interior_shares` with ``config.imitation_eps``),
-        ``choices`` ``(N, 4)`` int64 and ``returns`` ``(N,)``, the optimum's
-        reward ``log(T_eq / T_opt)``.
+        where unmasked), ``shares`` ``(N, S)`` (the optimum's, zeros where it
+        leaves a device out), ``choices`` ``(N, 4)`` int64,
+        ``choice_weights`` ``(N, 4)`` and ``returns`` ``(N,)``, the
+        optimum's reward ``log(T_eq / T_opt)``.
     """
     phases = plan_phases(replace(config, stages=("cost-model",)), machine)
     enc = ObservationEncoder(config.features, config.use_mask)
-    rows: dict[str, list] = {k: [] for k in ("obs", "device_mask", "masks",
-                                             "shares", "choices", "returns")}
+    rows: list[tuple] = []
     counts = _label_counts(phases, count)
     bar = tqdm(total=sum(counts), desc="cost-model/imitation labels",
                disable=not progress, leave=False)
     for index, (phase, n) in enumerate(zip(phases, counts, strict=True)):
         if n == 0:
             continue
-        env = SplitEnv(replace(phase.config, episode_len=n + 1))
+        configs = phase.config if isinstance(phase.config, tuple) \
+            else (phase.config,)
+        envs = [SplitEnv(c) for c in configs]
         try:
             seed = np.random.SeedSequence((config.seed, 0x1A, index))
-            obs, _ = env.reset(seed=int(seed.generate_state(1)[0]))
-            for _ in range(n):
+            for j, env in enumerate(envs):
+                env.reset(seed=int(seed.generate_state(1)[0]) + j)
+            for i in range(n):
+                env = envs[i % len(envs)]
+                obs = env._observation()
                 best = optimum(env.task, env.machine, env.telemetry,
                                env.config.params).decision
-                action = action_from_decision(env.task, best)
-                dmask, cmasks = enc.masks(obs)
-                rows["obs"].append(enc.flat(obs))
-                rows["device_mask"].append(np.ones(STATE_DEVICES, dtype=bool)
-                                           if dmask is None else dmask)
-                rows["masks"].append(cmasks)
-                rows["shares"].append(np.asarray(action["shares"], np.float64))
-                rows["choices"].append([int(action[h]) for h in HEADS])
-                obs, reward, _, _, info = env.step_decision(best)
+                _, reward, _, _, info = env.step_decision(best)
                 if not info["accepted"]:
                     raise RuntimeError(f"Gate 1 refused the optimum for "
                                        f"{info['task'].describe()}: "
                                        f"{info['gate1']}")
-                rows["returns"].append(reward)
+                rows.append(_label(env, obs, best, reward))
+                env.reset()
                 bar.update(1)
         finally:
-            env.close()
+            for env in envs:
+                env.close()
     bar.close()
-    dm = np.array(rows["device_mask"])
-    masks = None if not config.use_mask else [
-        None if HEAD_MASKS[h] is None else np.array([m[h] for m in rows["masks"]])
-        for h in range(len(HEAD_SIZES))]
-    return {"obs": np.array(rows["obs"]), "device_mask": dm,
+    width = max(r[0]["devices"].shape[0] for r in rows)
+    batch_obs = {k: np.stack([_fit(r[0][k], width) if k in ("devices",
+                                                            "device_mask")
+                              else r[0][k] for r in rows])
+                 for k in rows[0][0]}
+    task = batch_obs["task"].astype(np.float64) * enc.keep_task
+    dev = batch_obs["devices"].astype(np.float64) * enc.keep_device
+    masks = [None if k is None or not config.use_mask
+             else batch_obs[k] != 0 for k in HEAD_MASKS]
+    return {"obs": np.concatenate([task, dev.reshape(len(rows), -1)], axis=1),
+            "device_mask": batch_obs["device_mask"] != 0,
             "discrete_masks": masks,
-            "shares": interior_shares(np.array(rows["shares"]), dm,
-                                      config.imitation_eps),
-            "choices": np.array(rows["choices"], dtype=np.int64),
-            "returns": np.array(rows["returns"])}
+            "shares": np.stack([_fit(r[1], width) for r in rows]),
+            "choices": np.array([r[2] for r in rows], dtype=np.int64),
+            "choice_weights": np.array([r[3] for r in rows]),
+            "returns": np.array([r[4] for r in rows])}
 
 
-def imitate(agent: PPOAgent, labels: Mapping[str, Any], config: TrainConfig,
+def _fit(a: np.ndarray, width: int) -> np.ndarray:
+    """The first ``width`` device slots of ``a`` (zero-padded)."""
+    if a.shape[0] >= width:
+        return a[:width]
+    pad = [(0, width - a.shape[0])] + [(0, 0)] * (a.ndim - 1)
+    return np.pad(a, pad)
+
+
+def _label(env: SplitEnv, obs: Mapping[str, np.ndarray], best: Any,
+           reward: float) -> tuple:
+    """One label: the observation trimmed to the machine's devices, the
+    optimum's shares per slot, head choices, head weights and reward."""
+    n = env.machine.n
+    trimmed = {k: (v[:n] if k in ("devices", "device_mask") else v)
+               for k, v in obs.items()}
+    action = action_from_decision(env.task, best, slots=n)
+    choices = [int(action[h]) for h in HEADS]
+    weights = [1.0] * len(HEADS)
+    if best.mode != "pipelined":
+        weights[_CHUNKS] = 0.0  # the chunk count means nothing here
+    if env.task.merge != "sum" or len(best.gpus) < 2:
+        weights[_PATH] = 0.0  # the decoder takes the host path anyway
+    return trimmed, np.asarray(action["shares"]), choices, weights, reward
+
+
+def imitate(agent: SetPPOAgent, labels: Mapping[str, Any], config: TrainConfig,
             steps: int, curve: list[dict[str, float]],
             progress: bool = False) -> None:
     """Stage 1a: ``steps`` behaviour-cloning steps of ``agent`` on ``labels``.
 
-    The labels' observations are merged into the agent's running statistics
-    first; the step size decays linearly from ``config.lr`` to
+    The step size decays linearly from ``config.imitation_lr`` to
     ``config.lr_final``. A curve row every ``max(1, steps // 50)`` steps.
 
     Raises:
-        TypeError: ``agent`` is not a :class:`PPOAgent` (:func:`can_imitate`).
+        TypeError: ``agent`` is not a :class:`SetPPOAgent` (:func:`can_imitate`).
     """
     if not can_imitate(agent):
-        raise TypeError(f"imitation fits a PPO learner's Dirichlet and "
-                        f"categorical heads; {type(agent).__name__} has none")
-    if agent.config.normalize_obs:
-        agent.obs_rms.update(labels["obs"])
+        raise TypeError(f"imitation fits the set PPO learner's heads; "
+                        f"{type(agent).__name__} has none")
     every = max(1, steps // 50)
     bar = tqdm(total=steps, desc="cost-model/imitation", disable=not progress,
                leave=False)
@@ -142,15 +176,39 @@ def imitate(agent: PPOAgent, labels: Mapping[str, Any], config: TrainConfig,
     t0 = time.perf_counter()
     while done < steps:
         n = min(every, steps - done)
-        # The step size only (not PPOAgent.anneal): imitation has no entropy
-        # bonus to schedule.
-        agent.optimizer.config.lr = config.lr + (config.lr_final - config.lr) \
-            * done / max(1, steps)
-        stats = agent.imitation_update(dict(labels), n)
+        # The step size only (not anneal): imitation has no entropy bonus.
+        agent.optimizer.config.lr = config.imitation_lr + (
+            config.lr_final - config.imitation_lr) * done / max(1, steps)
+        stats = agent.imitation_update(dict(labels), n, config.imitation_batch)
         done += n
         curve.append({"step": done, "labels": len(labels["returns"]),
                       "seconds": time.perf_counter() - t0,
                       **{k: float(v) for k, v in stats.items()}})
         bar.update(n)
-        bar.set_postfix(nll=f"{stats['nll']:.2f}")
+        bar.set_postfix(loss=f"{stats['loss']:.3f}")
     bar.close()
+
+
+def save_labels(path: Path, labels: Mapping[str, Any]) -> None:
+    """Write an imitation batch to ``path`` (``.npz``; the per-head masks as
+    ``mask<h>``), so a resumed run keeps its demonstrations."""
+    arrays = {k: np.asarray(v) for k, v in labels.items()
+              if k != "discrete_masks" and v is not None}
+    for h, m in enumerate(labels.get("discrete_masks") or []):
+        if m is not None:
+            arrays[f"mask{h}"] = np.asarray(m)
+    tmp = path.with_suffix(".tmp.npz")
+    with tmp.open("wb") as fh:
+        np.savez(fh, **arrays)
+    tmp.replace(path)
+
+
+def load_labels(path: Path) -> dict[str, Any]:
+    """Read what :func:`save_labels` wrote."""
+    with np.load(path, allow_pickle=False) as npz:
+        out: dict[str, Any] = {k: npz[k] for k in npz.files
+                               if not k.startswith("mask")}
+        masks = [npz[f"mask{h}"] if f"mask{h}" in npz.files else None
+                 for h in range(len(HEADS))]
+    out["discrete_masks"] = masks if any(m is not None for m in masks) else None
+    return out

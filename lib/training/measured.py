@@ -17,8 +17,8 @@ from lib.env import EnvConfig, SplitEnv
 from lib.env.split import MEASURED_LOG10_BYTES
 from lib.learners import TrainableLearner
 from lib.platform.machines import Machine
-from lib.policies.learned import ObservationEncoder, action_from_choices
-from lib.training.config import TrainConfig
+from lib.policies.learned import action_from_choices
+from lib.training.config import TrainConfig, encoder_for
 from lib.training.phases import stage_seed
 
 #: Off-policy gradient steps per measured transition (a real run is costly,
@@ -51,9 +51,9 @@ def run_measured(learner: TrainableLearner, config: TrainConfig, machine: Machin
     steps = config.plan.measured
     batch_rows = max(4, min(16, steps))
     n_it = max(1, steps // batch_rows)
-    enc = ObservationEncoder(config.features, config.use_mask)
+    enc = encoder_for(learner, config)
     env = SplitEnv(EnvConfig(machine=machine.name, backend=backend,
-                             penalty=config.penalty, episode_len=batch_rows,
+                             penalty=config.penalty,
                              task_log10_bytes=MEASURED_LOG10_BYTES,
                              backend_options={"seed": config.seed}))
     try:
@@ -66,13 +66,13 @@ def run_measured(learner: TrainableLearner, config: TrainConfig, machine: Machin
                 # A batch of one: the learner's interface is batched.
                 dmask, cmasks = enc.masks(obs)
                 shares, choices = learner.explore(
-                    enc.flat(obs)[None], None if dmask is None else dmask[None],
-                    None if cmasks is None else [None if m is None else m[None]
-                                                 for m in cmasks])
-                obs, r, _, _, _ = env.step(action_from_choices(shares[0],
-                                                               choices[0]))
+                    enc.flat(obs)[None], dmask[None],
+                    [None if m is None else m[None] for m in cmasks])
+                _, r, _, _, _ = env.step(action_from_choices(shares[0],
+                                                             choices[0]))
                 learner.record(np.array([r]))
                 rewards.append(r)
+                obs, _ = env.reset()  # every task is an episode of its own
             r = np.asarray(rewards)
             stats = learner.learn(MEASURED_REPLAY_RATIO)
             curve.append({"iteration": it, "env_steps": (it + 1) * batch_rows,

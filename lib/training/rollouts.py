@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -19,7 +18,7 @@ from tqdm.auto import tqdm
 from lib.env import BatchModelEnv
 from lib.learners import TrainableLearner
 from lib.policies.learned import ObservationEncoder, action_from_choices
-from lib.training.config import TrainConfig, TrainingPlan
+from lib.training.config import TrainConfig, TrainingPlan, encoder_for
 from lib.training.phases import Phase, phase_iterations, stage_seed
 
 #: Off-policy gradient steps per model-backend transition (model steps are
@@ -75,9 +74,8 @@ def run_phase(learner: TrainableLearner, phase: Phase, index: int,
     plan = plan or config.plan
     per_it = plan.num_envs * plan.rollout
     n_it = phase_iterations(phase, plan)
-    enc = ObservationEncoder(config.features, config.use_mask)
-    env = BatchModelEnv(plan.num_envs, replace(phase.config,
-                                               episode_len=plan.rollout))
+    enc = encoder_for(learner, config)
+    env = BatchModelEnv(plan.num_envs, phase.config)
     bar = tqdm(total=n_it, initial=start_it, desc=f"{phase.stage}/{phase.name}",
                disable=not progress, leave=False)
     try:

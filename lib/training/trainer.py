@@ -1,7 +1,8 @@
 """Training runs: :func:`train` (every stage that applies, with checkpoints)
 and :func:`fine_tune` (a short PPO run on another machine).
 
-Files under ``out_dir``: ``checkpoint.npz`` (resume state),
+Files under ``out_dir``: ``checkpoint.npz`` (resume state), ``imitation.npz``
+(stage 1a's labels, PPO's demonstrations on a resumed run too),
 ``curves/<stage>.csv`` (one row per iteration; ``curves/imitation.csv`` for
 stage 1a), ``policy.npz`` (PPO), ``summary.json``.
 """
@@ -19,11 +20,12 @@ from typing import Any
 
 from lib import scoring
 from lib.costmodel import default_params
-from lib.env import EnvConfig
+from lib.env import DEFAULT_STAGES, EnvConfig
+from lib.env.curriculum import TRAINING_MODELS, TRAINING_TOPOLOGIES
 from lib.env.split import MODEL_LOG10_BYTES
 from lib.execution import BackendUnavailable
 from lib.learners import TrainableLearner
-from lib.learners.ppo import PPOAgent
+from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine, load_machine
 from lib.policies.learned import LearnedPolicy
 from lib.training.checkpoints import load_checkpoint, read_progress, save_checkpoint
@@ -35,10 +37,17 @@ from lib.training.config import (
     TrainResult,
     make_learner,
 )
-from lib.training.imitation import can_imitate, imitate, imitation_labels
+from lib.training.imitation import (
+    can_imitate,
+    imitate,
+    imitation_labels,
+    load_labels,
+    save_labels,
+)
 from lib.training.measured import measured_backend, run_measured
 from lib.training.phases import Phase, phase_iterations, plan_phases
 from lib.training.rollouts import run_phase
+from lib.training.threads import single_blas_thread
 
 
 def _write_curves(out_dir: Path, curves: Mapping[str, list[dict[str, Any]]]) -> None:
@@ -57,24 +66,28 @@ def _write_curves(out_dir: Path, curves: Mapping[str, list[dict[str, Any]]]) -> 
 
 def _imitation_stage(learner: TrainableLearner, config: TrainConfig,
                      machine: Machine, state: dict[str, Any], progress: bool,
-                     say: Callable[..., None]) -> None:
-    """Stage 1a on ``learner`` where it can imitate; records it in ``state``."""
+                     say: Callable[..., None], labels_path: Path) -> None:
+    """Stage 1a on ``learner`` where it can imitate; records it in ``state``
+    and keeps the labels at ``labels_path`` (PPO's demonstrations)."""
     n_labels, n_steps = config.imitation_plan
     if can_imitate(learner):
         curves = state["curves"]
         t0 = time.perf_counter()
         labels = imitation_labels(config, machine, n_labels, progress)
+        save_labels(labels_path, labels)
         imitate(learner, labels, config, n_steps,
                 curves.setdefault("imitation", []), progress)
+        learner.demonstrate(labels)
         state["wall"]["imitation"] = time.perf_counter() - t0
         last = curves["imitation"][-1]
         say(f"stage cost-model, imitation: {n_steps} steps on {n_labels} "
             f"labels of the optimum, {state['wall']['imitation']:.1f} s "
-            f"(nll {last['nll']:.2f}, share error {last['share_error']:.3f}, "
-            f"choice accuracy {last['choice_accuracy']:.3f})")
+            f"(share error {last['share_error']:.3f}, left-out devices "
+            f"{last['excluded_ok']:.3f}, choice accuracy "
+            f"{last['choice_accuracy']:.3f})")
     else:
-        say("stage cost-model, imitation: skipped (it fits the PPO "
-            "learner's Dirichlet and categorical heads)")
+        say("stage cost-model, imitation: skipped (it fits the set PPO "
+            "learner's heads)")
     state["imitated"] = True
 
 
@@ -110,6 +123,16 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
           progress: bool = True, resume: bool = True,
           callback: Callable[[str, int, dict[str, float]], bool] | None = None,
           evaluate_policy: bool = True) -> TrainResult:
+    """Train a policy for ``config.machine`` in the stages that apply (see
+    :func:`_train`), with one BLAS thread (:mod:`lib.training.threads`)."""
+    with single_blas_thread():
+        return _train(config, out_dir, progress, resume, callback, evaluate_policy)
+
+
+def _train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
+           progress: bool = True, resume: bool = True,
+           callback: Callable[[str, int, dict[str, float]], bool] | None = None,
+           evaluate_policy: bool = True) -> TrainResult:
     """Train a policy for ``config.machine`` in the stages that apply.
 
     Args:
@@ -134,6 +157,7 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
     learner = make_learner(config)
     phases = plan_phases(config, machine)
     ckpt_path = out_dir / "checkpoint.npz"
+    labels_path = out_dir / "imitation.npz"
     config_key = json.loads(json.dumps(asdict(config)))
     state: dict[str, Any] = {"config": config_key, "phase": 0, "iteration": 0,
                              "imitated": False, "wall": {},
@@ -151,8 +175,11 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
     if any(p.stage == "cost-model" for p in phases) \
             and config.imitation_plan[1] > 0 and not state.get("imitated") \
             and state["phase"] == 0 and state["iteration"] == 0:
-        _imitation_stage(learner, config, machine, state, progress, say)
+        _imitation_stage(learner, config, machine, state, progress, say,
+                         labels_path)
         save_checkpoint(ckpt_path, learner, state)
+    elif can_imitate(learner) and labels_path.is_file():
+        learner.demonstrate(load_labels(labels_path))  # a resumed run's
 
     for index, phase in enumerate(phases):
         rep = reports.setdefault(phase.stage, StageReport(
@@ -213,12 +240,28 @@ def train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
         result.evaluation = scoring.evaluate_policy(policy, machine, tasks)
         say(scoring.format_evaluation(result.evaluation))
     if not interrupted:
-        # Policy files hold PPO learners only (LearnedPolicy.save).
-        if isinstance(learner, PPOAgent):
-            policy.save(out_dir / "policy.npz", result.summary())
+        # Policy files hold set PPO learners only (LearnedPolicy.save).
+        if isinstance(learner, SetPPOAgent):
+            policy.save(out_dir / "policy.npz", result.summary(),
+                        trained_on(config, machine))
         (out_dir / "summary.json").write_text(json.dumps(result.summary(), indent=2,
                                                          default=float))
     return result
+
+
+def trained_on(config: TrainConfig, machine: Machine) -> dict[str, Any]:
+    """What a run trains on, for the policy file's header (and
+    :meth:`LearnedPolicy.notes`): the most devices, the card models and
+    device kinds, the topologies."""
+    models = {d.name for d in machine.devices if d.kind != "cpu"}
+    most = machine.n
+    kinds = {d.kind for d in machine.devices}
+    if config.curriculum:
+        models |= set(TRAINING_MODELS)
+        most = max(most, max(s.devices[1] for s in DEFAULT_STAGES))
+        kinds |= {"gpu", "cpu"}
+    return {"max_devices": most, "models": sorted(models), "kinds": sorted(kinds),
+            "topologies": list(TRAINING_TOPOLOGIES) if config.curriculum else []}
 
 
 def fine_tune(policy: LearnedPolicy, machine: str | Machine, steps: int, *,
@@ -235,10 +278,10 @@ def fine_tune(policy: LearnedPolicy, machine: str | Machine, steps: int, *,
         in ``header["fine_tune_curve"]``.
 
     Raises:
-        TypeError: ``policy`` does not hold a :class:`PPOAgent` (the schedule
-            above is PPO's).
+        TypeError: ``policy`` does not hold a :class:`SetPPOAgent` (the
+            schedule above is PPO's).
     """
-    if not isinstance(policy.learner, PPOAgent):
+    if not isinstance(policy.learner, SetPPOAgent):
         raise TypeError(f"fine_tune needs a PPO policy, not "
                         f"{type(policy.learner).__name__}")
     agent = copy.deepcopy(policy.learner)
@@ -254,8 +297,9 @@ def fine_tune(policy: LearnedPolicy, machine: str | Machine, steps: int, *,
         params=default_params()))
     curve: list[dict[str, float]] = []
     # Phase index 1000: seeds of their own, apart from any training run's.
-    run_phase(agent, phase, 1000, config, 0, curve, lambda *a: None, None,
-              progress, plan=plan)
+    with single_blas_thread():
+        run_phase(agent, phase, 1000, config, 0, curve, lambda *a: None, None,
+                  progress, plan=plan)
     header = {**policy.header, "fine_tune_curve": curve,
               "fine_tuned_on": m.name}
     return LearnedPolicy(agent, name=policy.name, features=policy.features,
