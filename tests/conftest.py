@@ -10,7 +10,6 @@ import pytest
 
 from lib.platform.machines import load_machine
 
-
 _HOME: list[str] = []
 
 
