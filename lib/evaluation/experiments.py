@@ -76,7 +76,8 @@ def acceptance(policy: Policy, machines: Sequence[Machine],
 
     Returns:
         One row per machine and state: ``machine``, ``devices``, ``state``,
-        ``rl_over_opt``, ``speedup``, ``heft_speedup``, ``refused``,
+        ``rl_over_opt``, ``speedup``, ``heft_speedup``, ``heft_over_opt``,
+        ``peak_over_opt`` (proportional to peak's T/T_opt), ``refused``,
         ``notes`` (the policy's, where it says), ``label``.
     """
     tasks = list(tasks) if tasks is not None else task_set("model", "quick")
@@ -94,6 +95,9 @@ def acceptance(policy: Policy, machines: Sequence[Machine],
                          "state": name, "rl_over_opt": ev["rl_over_opt"],
                          "speedup": ev["speedup_vs_equal"],
                          "heft_speedup": eh["speedup_vs_equal"],
+                         "heft_over_opt": eh["rl_over_opt"],
+                         "peak_over_opt": (ev["geo_seconds"]["proportional-peak"]
+                                           / ev["geo_seconds"]["optimum"]),
                          "refused": ev["refused"],
                          "notes": notes(machine) if callable(notes) else [],
                          "label": ev["label"]})
