@@ -8,10 +8,10 @@ all entries of a gradient, and must stay below 1e-6.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from gradcheck import numeric_grad, rel_error
 
 from lib.learners.distributions import (
     MaskedCategorical,
@@ -37,27 +37,6 @@ from lib.learners.ppo import PPOAgent, PPOConfig, interior_shares
 from lib.learners.td3 import TD3Agent, TD3Config
 
 TOL = 1e-6
-
-
-def numeric_grad(f: Callable[[], float], x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    """Centred differences of scalar ``f()`` w.r.t. ``x``, perturbed in place."""
-    grad = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + h
-        up = f()
-        x[i] = old - h
-        down = f()
-        x[i] = old
-        grad[i] = (up - down) / (2 * h)
-    return grad
-
-
-def rel_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
-    scale = max(np.abs(analytic).max(), np.abs(numeric).max(), 1e-12)
-    return float(np.abs(analytic - numeric).max() / scale)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from gradcheck import numeric_grad, rel_error
 
 from lib.learners.setnet import (
     SetNet,
@@ -25,27 +26,6 @@ from lib.learners.setnet import (
 from lib.learners.setppo import SetPPOAgent, SetPPOConfig
 
 TOL = 1e-6
-
-
-def numeric_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    """Centred differences of scalar ``f()`` w.r.t. ``x``, perturbed in place."""
-    grad = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + h
-        up = f()
-        x[i] = old - h
-        down = f()
-        x[i] = old
-        grad[i] = (up - down) / (2 * h)
-    return grad
-
-
-def rel_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
-    scale = max(np.abs(analytic).max(), np.abs(numeric).max(), 1e-12)
-    return float(np.abs(analytic - numeric).max() / scale)
 
 
 @pytest.fixture

@@ -77,6 +77,12 @@ def softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, x)
 
 
+def inv_softplus(y: float) -> float:
+    """The ``x`` with ``softplus(x) == y`` (``y > 0``): a bias that makes a
+    softplus output start at ``y``."""
+    return float(y + np.log(-np.expm1(-y)))
+
+
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """``1 / (1 + exp(-x))`` without overflow (the derivative of softplus)."""
     return np.exp(-np.logaddexp(0.0, -x))

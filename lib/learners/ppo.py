@@ -60,7 +60,15 @@ from lib.learners.distributions import (
     concentration_backward,
     concentration_forward,
 )
-from lib.learners.nn import MLP, Adam, AdamConfig, Params, assign_params, prefixed
+from lib.learners.nn import (
+    MLP,
+    Adam,
+    AdamConfig,
+    Params,
+    assign_params,
+    inv_softplus,
+    prefixed,
+)
 from lib.learners.normalize import RunningMeanStd
 
 #: Format tag and version written into every saved policy.
@@ -189,10 +197,6 @@ def interior_shares(shares: np.ndarray, device_mask: np.ndarray | None = None,
     return (1.0 - eps) * s + eps * uniform
 
 
-def _inv_softplus(y: float) -> float:
-    return float(y + np.log(-np.expm1(-y)))
-
-
 def adam_arrays(prefix: str, opt: Adam) -> dict[str, np.ndarray]:
     """An optimiser's moments as checkpoint arrays ``<prefix>.m/<param>`` and
     ``<prefix>.v/<param>`` (the live arrays, not copies)."""
@@ -226,7 +230,32 @@ class ActOutput:
     """Distribution parameters for inspection (``alpha``, ``probs``)."""
 
 
-class PPOAgent:
+class OneStepRollouts:
+    """What a PPO learner does between acting and updating, for one-step
+    episodes: keep each explored batch with its rewards, and follow a run's
+    linear schedules. Used by :class:`PPOAgent` and the set learner
+    (:class:`lib.learners.setppo.SetPPOAgent`), which differ in how they act
+    and learn, not in this."""
+
+    def record(self, reward: np.ndarray) -> None:
+        """The rewards ``(B,)`` of the last :meth:`explore`; each ends its
+        one-step episode."""
+        if self._explored is None:
+            raise RuntimeError("record() needs the actions of an explore() call")
+        r = np.asarray(reward, dtype=np.float64).reshape(-1)
+        self._rollout.append((*self._explored, r))
+        self._explored = None
+
+    def anneal(self, frac: float, lr: float, lr_final: float,
+               ent_coef: float) -> None:
+        """Point ``frac`` (0 to 1) of a run's linear schedules: the Adam step
+        size goes from ``lr`` to ``lr_final``, the entropy bonus from
+        ``ent_coef`` to 0."""
+        self.optimizer.config.lr = lr + (lr_final - lr) * frac
+        self.config.ent_coef = ent_coef * (1.0 - frac)
+
+
+class PPOAgent(OneStepRollouts):
     """Actor-critic trained with clipped PPO.
 
     Args:
@@ -259,7 +288,7 @@ class PPOAgent:
         if c.alpha_init <= c.alpha_min:
             raise ValueError(f"alpha_init {c.alpha_init} must exceed alpha_min "
                              f"{c.alpha_min}")
-        self.actor.params[last][: self.n_devices] = _inv_softplus(
+        self.actor.params[last][: self.n_devices] = inv_softplus(
             c.alpha_init - c.alpha_min)
         self.params: Params = {**prefixed(self.actor.params, "actor"),
                                **prefixed(self.critic.params, "critic")}
@@ -509,15 +538,6 @@ class PPOAgent:
         self._explored = (obs, dm, discrete_masks, out)
         return out.shares, out.choices
 
-    def record(self, reward: np.ndarray) -> None:
-        """The rewards ``(B,)`` of the last :meth:`explore`; each ends its
-        one-step episode."""
-        if self._explored is None:
-            raise RuntimeError("record() needs the actions of an explore() call")
-        r = np.asarray(reward, dtype=np.float64).reshape(-1)
-        self._rollout.append((*self._explored, r))
-        self._explored = None
-
     def learn(self, replay_ratio: float = 1.0) -> dict[str, float]:
         """:meth:`update` on every step recorded since the last call, with
         advantages ``reward - V(s)`` and returns ``reward``.
@@ -544,14 +564,6 @@ class PPOAgent:
             "choices": np.concatenate([o.choices for o in outs]),
             "logp": np.concatenate([o.logp for o in outs]),
             "advantages": reward - value, "returns": reward})
-
-    def anneal(self, frac: float, lr: float, lr_final: float,
-               ent_coef: float) -> None:
-        """Point ``frac`` (0 to 1) of a run's linear schedules: the Adam step
-        size goes from ``lr`` to ``lr_final``, the entropy bonus from
-        ``ent_coef`` to 0."""
-        self.optimizer.config.lr = lr + (lr_final - lr) * frac
-        self.config.ent_coef = ent_coef * (1.0 - frac)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """What training needs to continue exactly: arrays (weights

@@ -52,12 +52,14 @@ from lib.learners.nn import (
     AdamConfig,
     Params,
     assign_params,
+    inv_softplus,
     prefixed,
     sigmoid,
     softplus,
 )
 from lib.learners.ppo import (
     ActOutput,
+    OneStepRollouts,
     PolicyFormatError,
     _spec_diff,
     adam_arrays,
@@ -154,11 +156,7 @@ class SetPPOConfig:
         return cls(**data)
 
 
-def _inv_softplus(y: float) -> float:
-    return float(y + np.log(-np.expm1(-y)))
-
-
-class SetPPOAgent:
+class SetPPOAgent(OneStepRollouts):
     """Actor-critic over device sets trained with clipped PPO.
 
     Args:
@@ -194,7 +192,7 @@ class SetPPOAgent:
         self.actor = SetNet(SetNetSizes(self.context_dim, self.item_dim,
                                         2 * columns, heads + 1, tuple(c.hidden)),
                             self.rng)
-        self.actor.params["by"][heads] = _inv_softplus(c.kappa_init - c.kappa_min)
+        self.actor.params["by"][heads] = inv_softplus(c.kappa_init - c.kappa_min)
         for feature, col, weight in c.share_prior:
             if feature < 0:
                 self.actor.params["bz"][int(col)] = float(weight)
@@ -488,15 +486,6 @@ class SetPPOAgent:
                           np.asarray(device_mask, dtype=bool), discrete_masks, out)
         return out.shares, out.choices
 
-    def record(self, reward: np.ndarray) -> None:
-        """The rewards ``(B,)`` of the last :meth:`explore`; each ends its
-        one-step episode."""
-        if self._explored is None:
-            raise RuntimeError("record() needs the actions of an explore() call")
-        r = np.asarray(reward, dtype=np.float64).reshape(-1)
-        self._rollout.append((*self._explored, r))
-        self._explored = None
-
     def learn(self, replay_ratio: float = 1.0) -> dict[str, float]:
         """:meth:`update` on every step recorded since the last call
         (advantage ``reward - V(s)``; ``replay_ratio`` is ignored). Steps
@@ -526,13 +515,6 @@ class SetPPOAgent:
             "choices": np.concatenate([s[3].choices for s in steps]),
             "logp": np.concatenate([s[3].logp for s in steps]),
             "advantages": reward - value, "returns": reward})
-
-    def anneal(self, frac: float, lr: float, lr_final: float,
-               ent_coef: float) -> None:
-        """Point ``frac`` of linear schedules: step size ``lr`` to
-        ``lr_final``, entropy bonus ``ent_coef`` to 0."""
-        self.optimizer.config.lr = lr + (lr_final - lr) * frac
-        self.config.ent_coef = ent_coef * (1.0 - frac)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Weights and Adam moments (live arrays) and JSON-able metadata."""
