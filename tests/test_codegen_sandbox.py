@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from lib.codegen import CodeGenerator, KernelCache, isolation, plane
 from lib.codegen.emulate import find_cxx
+from lib.codegen.llm import FixedAnswer
 from lib.codegen.nvrtc import nvrtc_version
 from lib.contract import Decision, TaskSpec
 from lib.security import sandbox
@@ -52,19 +52,6 @@ extern "C" __global__ void elementwise_fp32(float a, const float* x,
 """
 
 
-@dataclass
-class Answer:
-    """An LLM provider that answers with fixed code."""
-
-    code: str
-    name: str = "stub-llm"
-    model: str = "fixed"
-    label: str = "LLM"
-
-    def ask(self, prompt: str, task: TaskSpec) -> str:
-        return f"```cuda\n{self.code}\n```"
-
-
 def _task() -> tuple[TaskSpec, Decision]:
     task = TaskSpec("elementwise", {"N": 1 << 16}, "fp32")
     return task, Decision((0,), (1.0,), task.split_size, 128, "single").with_hash(
@@ -89,7 +76,7 @@ def test_a_benign_answer_is_served_from_its_canonical_text(gen):
     task, decision = _task()
     code = KERNEL.replace("out[i] = a * x[i] + y[i];",
                           "#pragma unroll STEP\n        out[i] = a * x[i] + y[i];")
-    kernel = gen.generate(task, decision, Answer("#define STEP 1\n" + code))
+    kernel = gen.generate(task, decision, FixedAnswer("#define STEP 1\n" + code))
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
     assert kernel.source.startswith("#include <cuda_fp16.h>")
     assert "#pragma unroll 1" in kernel.source and "#define" not in kernel.source
@@ -105,7 +92,7 @@ static int pwned = std::system("touch {marker}");
 #endif
 """
     task, decision = _task()
-    kernel = gen.generate(task, decision, Answer(payload + KERNEL))
+    kernel = gen.generate(task, decision, FixedAnswer(payload + KERNEL))
     assert not marker.exists()
     # the host emulation built the program NVRTC compiled: no payload in it
     assert "system" not in kernel.source and kernel.spot is not None
@@ -128,15 +115,15 @@ __attribute__((constructor)) static void payload() {{
 }}
 """
     task, decision = _task()
-    gen.generate(task, decision, Answer(payload + KERNEL))
+    gen.generate(task, decision, FixedAnswer(payload + KERNEL))
     assert not marker.exists()
 
 
 def test_no_sandbox_means_the_template_and_a_reason(gen, monkeypatch):
     monkeypatch.setattr(sandbox, "available", lambda: "bwrap is missing")
     task, decision = _task()
-    kernel = gen.generate(task, decision, Answer(KERNEL))
-    assert kernel.label == "TEMPLATE" and kernel.fell_back_from == ("stub-llm",)
+    kernel = gen.generate(task, decision, FixedAnswer(KERNEL))
+    assert kernel.label == "TEMPLATE" and kernel.fell_back_from == ("fixed",)
     assert "no sandbox" in kernel.reasons[0] and "never run bare" in kernel.reasons[0]
 
 
@@ -144,7 +131,7 @@ def test_an_nvrtc_compile_past_its_limits_is_refused(gen, monkeypatch):
     monkeypatch.setattr(isolation, "NVRTC_LIMITS",
                         sandbox.SandboxLimits(cpu_seconds=1, wall_seconds=0.02))
     task, decision = _task()
-    kernel = gen.generate(task, decision, Answer(KERNEL))
+    kernel = gen.generate(task, decision, FixedAnswer(KERNEL))
     assert kernel.label == "TEMPLATE"
     assert "NVRTC" in kernel.reasons[0] and "limit" in kernel.reasons[0]
 

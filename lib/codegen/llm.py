@@ -354,6 +354,21 @@ def _answer_bytes(path: Path | str) -> bytes:
 
 
 @dataclass
+class FixedAnswer:
+    """A provider whose answer is the given code, in a code block: an answer
+    written by hand (or by an attacker) pushed through the plane as an LLM's
+    would be. The injection suite's end-to-end cases use it."""
+
+    code: str
+    name: str = "fixed"
+    model: str = "fixed"
+    label: str = "LLM"
+
+    def ask(self, prompt: str, task: TaskSpec) -> str:
+        return f"```cuda\n{self.code}\n```"
+
+
+@dataclass
 class RecordedProvider:
     """Replays stored LLM answers (label RECORDED): no network, no key.
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.codegen import CodeGenerator, KernelCache, plane
+from lib.codegen.llm import FixedAnswer
 from lib.contract import Decision, TaskSpec
 from lib.evaluation.audit_cases import GATES, AuditError, Case, load_cases
 from lib.evaluation.audit_tamper import TAMPERS, SealBench
@@ -293,19 +294,6 @@ def _gate_call(case: Case, machine: Machine, bench: SealBench,
         raise AuditError(f"case {case.id}: {exc}") from exc
 
 
-@dataclass
-class _Answer:
-    """A provider that answers with fixed text (an LLM's answer, replayed)."""
-
-    text: str
-    name: str = "audit"
-    model: str = "fixed"
-    label: str = "LLM"
-
-    def ask(self, prompt: str, task: TaskSpec) -> str:
-        return f"```cuda\n{self.text}\n```"
-
-
 def _accept_everything(source: str, entry: str | None = None,
                        **options: object) -> Verdict:
     return Verdict("gate2a", [])
@@ -322,7 +310,7 @@ def _plane_call(case: Case, folder: Path) -> Callable[[], Verdict]:
     task = TaskSpec(p["kind"], PLANE_DIMS[p["kind"]], p["dtype"])
     decision = Decision((0,), (1.0,), task.split_size, 128,
                         "single").with_hash(task)
-    answer = _Answer(p["answer"].replace("${marker}", str(marker)))
+    answer = FixedAnswer(p["answer"].replace("${marker}", str(marker)), name="audit")
 
     def call() -> Verdict:
         gen = CodeGenerator(cache=KernelCache(folder / "kernels",
