@@ -72,7 +72,8 @@ def save_headline(fig: Any, machine: str, backend: str) -> Path | None:
     default machine on the model backend (the figure the README shows)."""
     if (machine, backend) != ("hetero-4", "model"):
         return None
-    path = book_root() / "figures" / HEADLINE
+    # beside figures/<machine>/ (a test's own folder where it redirects them)
+    path = figures_dir(machine).parent / HEADLINE
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
