@@ -307,3 +307,18 @@ def test_decide_prints_only_a_hashed_accepted_decision():
     decision = Decision.from_json(doc["decision"])
     assert decision.config_hash == config_hash(task, decision)
     assert doc["policy"] == "equal" and len(decision.gpus) == 4
+
+
+def test_train_takes_step_counts_and_the_finetune_backend_and_says_where_it_saved(
+        tmp_path):
+    out = tmp_path / "run"
+    p = gpuhive("train", "--machine", "local-cpu", "--budget", "smoke",
+                "--pretrain-steps", "300", "--finetune-steps", "4",
+                "--finetune-backend", "cpu", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert f"policy saved to {out / 'policy.npz'}" in p.stdout
+    assert (out / "policy.npz").is_file()
+    assert "stage measured: 1 iterations, 4 steps" in p.stdout
+    assert "(MEASURED (cpu))" in p.stdout
+    bad = gpuhive("train", "--machine", "local-cpu", "--finetune-steps", "-1")
+    assert bad.returncode == 2 and "--finetune-steps" in bad.stderr

@@ -299,3 +299,39 @@ def test_held_out_tasks_are_fixed_by_their_seed(hetero4):
     a = held_out_tasks(hetero4, 5, seed=1)
     assert a == held_out_tasks(hetero4, 5, seed=1)
     assert a != held_out_tasks(hetero4, 5, seed=2)
+
+
+def test_pretrain_steps_spread_over_the_parts_in_the_budgets_proportions():
+    base = TrainConfig(budget="quick").plan
+    plan = TrainConfig(budget="quick", pretrain_steps=10_000).plan
+    parts = (*plan.curriculum, plan.target, plan.calibrated)
+    assert sum(parts) == 10_000
+    before = (*base.curriculum, base.target, base.calibrated)
+    for new, old in zip(parts, before, strict=True):
+        assert abs(new - 10_000 * old / sum(before)) <= 1
+    assert plan.measured == base.measured  # untouched
+    assert TrainConfig(budget="quick", finetune_steps=3).plan.measured == 3
+
+
+@pytest.mark.parametrize("field,value", [("pretrain_steps", -1),
+                                         ("finetune_steps", -5),
+                                         ("finetune_backend", "model"),
+                                         ("finetune_backend", "gpu")])
+def test_bad_step_counts_and_backends_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{field: value})
+
+
+def test_a_finetune_backend_the_machine_lacks_is_refused_before_training(tmp_path):
+    cfg = TrainConfig(machine="local-cpu", budget="smoke", finetune_backend="cuda")
+    with pytest.raises(ValueError, match="finetune backend 'cuda'.*local-cpu runs on cpu"):
+        train(cfg, tmp_path, progress=False, evaluate_policy=False)
+    assert not (tmp_path / "checkpoint.npz").exists()  # nothing was trained
+
+
+def test_zero_finetune_steps_skip_the_measured_stage_with_the_reason(tmp_path):
+    cfg = TrainConfig(machine="local-cpu", budget="smoke", stages=("measured",),
+                      finetune_steps=0)
+    result = train(cfg, tmp_path, progress=False, evaluate_policy=False)
+    measured = {s.name: s for s in result.stages}["measured"]
+    assert measured.status == "skipped" and "0 fine-tune steps" in measured.reason

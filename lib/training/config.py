@@ -4,12 +4,12 @@ learner it describes, and what a run reports."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lib.budgets import check_budget, plans
-from lib.contract import BLOCKS, MODES
+from lib.contract import BACKENDS, BLOCKS, MODES
 from lib.learners import TrainableLearner
 from lib.learners.setppo import SetPPOAgent, SetPPOConfig
 from lib.learners.td3 import TD3Agent, TD3Config
@@ -20,6 +20,7 @@ from lib.policies.learned import (
     ObservationEncoder,
     flat_dim,
 )
+from lib.platform.workloads import split_rows
 from lib.policies.observation import DEVICE_FEATURES, DEVICE_FIELDS, TASK_FEATURES
 
 DEVICE_FIELD_NAMES = [name for name, _ in DEVICE_FIELDS]
@@ -130,6 +131,15 @@ class TrainConfig:
     """Stage 1a labelled tasks; None takes the budget's."""
     imitation_batch: int = 256
     """Stage 1a rows per gradient step."""
+    pretrain_steps: int | None = None
+    """Environment steps on the model (stages 1 and 2 together), spread over
+    their parts in the budget's proportions (each part runs whole iterations
+    of ``num_envs * rollout`` steps, at least one); None takes the budget's."""
+    finetune_steps: int | None = None
+    """Stage 3 (measured) environment steps; None takes the budget's."""
+    finetune_backend: str | None = None
+    """Stage 3's backend (``cpu``, ``cuda``, ``dask``); None takes the
+    machine's first real backend."""
     imitation_lr: float = 3e-3
     """Stage 1a step size at the start, annealed linearly to ``lr_final``."""
 
@@ -143,19 +153,32 @@ class TrainConfig:
             raise ValueError(f"unknown stages {unknown}; expected some of "
                              f"{', '.join(STAGES)}")
         ObservationEncoder(self.features)  # validates the name
-        for name in ("imitation_steps", "imitation_labels"):
+        for name in ("imitation_steps", "imitation_labels", "pretrain_steps",
+                     "finetune_steps"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} {value}: expected >= 0 (or None for "
                                  f"the {self.budget} budget's)")
+        real = tuple(b for b in BACKENDS if b != "model")
+        if self.finetune_backend is not None and self.finetune_backend not in real:
+            raise ValueError(f"finetune_backend {self.finetune_backend!r}: "
+                             f"expected one of {', '.join(real)} (a measured "
+                             "stage runs on real devices)")
         if not 0.0 <= self.target_mix <= 1.0:
             raise ValueError(f"target_mix {self.target_mix}: expected a "
                              "fraction in [0, 1]")
 
     @property
     def plan(self) -> TrainingPlan:
-        """The :data:`TRAINING_PLANS` entry of :attr:`budget`."""
-        return TRAINING_PLANS[self.budget]
+        """The :data:`TRAINING_PLANS` entry of :attr:`budget`, with
+        :attr:`pretrain_steps` and :attr:`finetune_steps` in place of its
+        step counts where they are given."""
+        plan = TRAINING_PLANS[self.budget]
+        if self.pretrain_steps is not None:
+            plan = scale_model_steps(plan, self.pretrain_steps)
+        if self.finetune_steps is not None:
+            plan = replace(plan, measured=self.finetune_steps)
+        return plan
 
     @property
     def imitation_plan(self) -> tuple[int, int]:
@@ -166,6 +189,18 @@ class TrainConfig:
         steps = plan.imitation_steps if self.imitation_steps is None \
             else self.imitation_steps
         return labels, steps if labels > 0 else 0
+
+
+def scale_model_steps(plan: TrainingPlan, total: int) -> TrainingPlan:
+    """``plan`` with ``total`` model steps over stages 1 and 2, each part
+    keeping its share of the plan's (largest-remainder rounding, so the parts
+    add up to ``total`` exactly)."""
+    parts = (*plan.curriculum, plan.target, plan.calibrated)
+    weights = parts if sum(parts) > 0 else (1,) * len(parts)
+    counts = [hi - lo for lo, hi in split_rows(total, weights)]
+    n = len(plan.curriculum)
+    return replace(plan, curriculum=tuple(counts[:n]), target=counts[n],
+                   calibrated=counts[n + 1])
 
 
 def make_learner(config: TrainConfig) -> TrainableLearner:

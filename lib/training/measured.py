@@ -28,12 +28,23 @@ MEASURED_REPLAY_RATIO = 1.0
 MEASURED_PHASE_SEED = 99
 
 
-def measured_backend(machine: Machine) -> str | None:
-    """The real backend of ``machine`` (``cpu``, ``cuda``) or None if simulated."""
+def measured_backend(machine: Machine, requested: str | None = None) -> str | None:
+    """The real backend stage 3 runs on: ``requested`` if given, else the
+    machine's first real backend (``cpu``, ``cuda``, ``dask``); None if the
+    machine is simulated.
+
+    Raises:
+        ValueError: ``requested`` is not one of the machine's real backends.
+    """
     if machine.simulated:
         return None
-    real = tuple(getattr(machine, "real_backends", ()) or ())
-    return real[0] if real else "cuda"
+    real = tuple(getattr(machine, "real_backends", ()) or ()) or ("cuda",)
+    if requested is None:
+        return real[0]
+    if requested not in real:
+        raise ValueError(f"finetune backend {requested!r}: machine "
+                         f"{machine.name} runs on {', '.join(real)}")
+    return requested
 
 
 def run_measured(learner: TrainableLearner, config: TrainConfig, machine: Machine,

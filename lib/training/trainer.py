@@ -96,11 +96,13 @@ def _measured_stage(learner: TrainableLearner, config: TrainConfig,
                     ckpt_path: Path, progress: bool) -> StageReport:
     """Stage 3 where the machine has a real backend (else its report says why
     not); a checkpoint after it."""
-    backend = measured_backend(machine)
+    backend = measured_backend(machine, config.finetune_backend)
     rep = StageReport("measured", "skipped")
     if backend is None:
         rep.reason = (f"{machine.name} is a simulated machine: only real "
                       "devices can be measured")
+    elif config.plan.measured == 0:
+        rep.reason = "0 fine-tune steps asked for"
     elif state["phase"] > n_phases:
         rep.status = "ran"
     else:
@@ -154,6 +156,8 @@ def _train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
     out_dir.mkdir(parents=True, exist_ok=True)
     say = print if progress else (lambda *a, **k: None)
     machine = load_machine(config.machine)
+    if "measured" in config.stages:
+        measured_backend(machine, config.finetune_backend)  # refuse before training
     learner = make_learner(config)
     phases = plan_phases(config, machine)
     ckpt_path = out_dir / "checkpoint.npz"
@@ -223,7 +227,8 @@ def _train(config: TrainConfig | None = None, out_dir: str | Path = "train-out",
         if rep.status == "skipped":
             say(f"stage measured: skipped: {rep.reason}")
         else:
-            say(f"stage measured: {rep.iterations} iterations ({rep.label})")
+            say(f"stage measured: {rep.iterations} iterations, "
+                f"{rep.env_steps} steps, {rep.wall_s:.1f} s ({rep.label})")
         reports["measured"] = rep
 
     _write_curves(out_dir, curves)
