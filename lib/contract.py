@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ KIND_DIMS: dict[str, tuple[str, ...]] = {
     "histogram": ("N", "B"),
 }
 KINDS: tuple[str, ...] = tuple(KIND_DIMS)
+"""The five built-in kinds: what the policies were trained on and the tables
+list. A kind registered at run time (:func:`add_kind`) joins
+:data:`KIND_DIMS` and :data:`KIND_SPLITS`, never this tuple."""
 
 #: (divisible_dim, merge) pairs each kind supports.
 KIND_SPLITS: dict[str, tuple[tuple[int, str], ...]] = {
@@ -135,6 +139,66 @@ class ContractError(ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"{field}: {problem}")
+
+
+_KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_DIM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")
+
+
+def add_kind(name: str, dims: Sequence[str], splits: Sequence[tuple[int, str]],
+             limits: Mapping[str, tuple[int, int]] | None = None) -> None:
+    """Add a kind to the vocabulary: its dimensions, the (divisible dimension,
+    merge) pairs it supports and any dimension limits tighter than
+    ``(1, MAX_DIM)``. Adding a kind of the same name again replaces it.
+
+    Raises:
+        ContractError: a malformed name, dimension or split, or one of the
+            built-in :data:`KINDS`.
+    """
+    if not isinstance(name, str) or not _KIND_NAME.fullmatch(name):
+        raise ContractError("kind", f"{shown(name)} is not a kind name: lower-case "
+                                    "letters, digits and _, starting with a letter")
+    if name in KINDS:
+        raise ContractError("kind", f"{name!r} is a built-in kind")
+    dims = tuple(dims)
+    bad = [d for d in dims if not isinstance(d, str) or not _DIM_NAME.fullmatch(d)]
+    if not dims or bad or len(set(dims)) != len(dims):
+        raise ContractError("dims", f"{name}: expected distinct dimension names "
+                                    f"(letters, digits, _), got {list(dims)}")
+    splits = tuple((int(d), m) for d, m in splits)
+    for d, m in splits:
+        if not 0 <= d < len(dims) or m not in MERGES:
+            raise ContractError("divisible_dim", f"{name}: split ({d}, {m!r}) needs "
+                                                 f"a dimension index below {len(dims)} "
+                                                 f"and a merge in {', '.join(MERGES)}")
+    if not splits:
+        raise ContractError("divisible_dim", f"{name}: no divisible dimension")
+    limits = {dim: (int(low), int(high)) for dim, (low, high) in (limits or {}).items()}
+    for dim, (low, high) in limits.items():
+        if dim not in dims or not 1 <= low <= high <= MAX_DIM:
+            raise ContractError(f"dims.{dim}", f"{name}: limits ({low}, {high}) "
+                                               "need a dimension of the kind and "
+                                               f"1 <= low <= high <= {MAX_DIM}")
+    # Checked: now change the vocabulary, all of it or nothing.
+    for key in [k for k in DIM_LIMITS if k[0] == name]:
+        del DIM_LIMITS[key]
+    DIM_LIMITS.update({(name, dim): lim for dim, lim in limits.items()})
+    KIND_DIMS[name] = dims
+    KIND_SPLITS[name] = splits
+
+
+def forget_kind(name: str) -> None:
+    """Remove a kind :func:`add_kind` added (no-op for an unknown name).
+
+    Raises:
+        ContractError: ``name`` is one of the built-in :data:`KINDS`.
+    """
+    if name in KINDS:
+        raise ContractError("kind", f"{name!r} is a built-in kind")
+    KIND_DIMS.pop(name, None)
+    KIND_SPLITS.pop(name, None)
+    for key in [k for k in DIM_LIMITS if k[0] == name]:
+        del DIM_LIMITS[key]
 
 
 # --------------------------------------------------------------------------
@@ -280,7 +344,7 @@ class TaskSpec:
     merge: str = ""
 
     def __post_init__(self) -> None:
-        kind = expect_choice(self.kind, "kind", KINDS)
+        kind = expect_choice(self.kind, "kind", KIND_DIMS)
         if not isinstance(self.dims, Mapping):
             raise ContractError("dims", f"expected an object of sizes, got "
                                         f"{_type_name(self.dims)}")

@@ -9,9 +9,12 @@
   (NVRTC and headers), :mod:`lib.codegen.emulate` and
   :mod:`lib.codegen.spotcheck` (the CPU emulation harness and the numerical
   check).
+- :func:`register_kind` (:mod:`lib.codegen.kinds`) -- a user's own kind, its
+  kernel through Gate 2a, joins every plane.
 """
 
 from lib.codegen.cache import KernelCache, cache_key, gpuhive_home
+from lib.codegen.kinds import KindError, register_kind
 from lib.codegen.llm import PROVIDERS, build_prompt, extract_code, make_provider
 from lib.codegen.plane import (
     CodeGenerator,
@@ -27,7 +30,7 @@ from lib.codegen.specialise import (
 
 __all__ = [
     "PROVIDERS", "CodeGenerator", "CodegenError", "GeneratedKernel", "KernelCache",
-    "build_prompt", "cache_key", "extract_code", "generate",
-    "gpuhive_home", "make_provider", "render_template",
+    "KindError", "build_prompt", "cache_key", "extract_code", "generate",
+    "gpuhive_home", "make_provider", "register_kind", "render_template",
     "single_kernel", "template_version",
 ]

@@ -41,7 +41,7 @@ from typing import Any
 from lib.contract import KINDS, Decision, TaskSpec
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import ShardWork, split_rows, workload
+from lib.platform.workloads import ShardWork, like_of, split_rows, workload
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,19 @@ class CostParams:
     device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
-        return self.compute_eff.get((device_kind, kind), 0.5)
+        """Compute efficiency; a registered kind without its own takes that
+        of the built-in kind it behaves like (:func:`like_of`)."""
+        got = self.compute_eff.get((device_kind, kind))
+        if got is None:
+            got = self.compute_eff.get((device_kind, like_of(kind)), 0.5)
+        return got
 
     def e_mem(self, device_kind: str, kind: str) -> float:
-        return self.memory_eff.get((device_kind, kind), 0.7)
+        """Memory efficiency, as :meth:`e` finds it."""
+        got = self.memory_eff.get((device_kind, kind))
+        if got is None:
+            got = self.memory_eff.get((device_kind, like_of(kind)), 0.7)
+        return got
 
 
 def default_params() -> CostParams:

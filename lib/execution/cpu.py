@@ -48,6 +48,7 @@ from lib.execution.base import (
     repeat_timed,
 )
 from lib.platform.machines import Machine
+from lib.platform.user_kinds import adopt_kind, kind_payload
 from lib.platform.workloads import split_rows, workload
 from lib.platform.workloads import verify as verify_output
 
@@ -102,6 +103,7 @@ def _worker_main(conn: connection.Connection, core: int | None,
         try:
             if job.get("fault"):
                 raise RuntimeError("injected fault")
+            adopt_kind(job.get("kind"))
             task = TaskSpec.from_json(job["task"])
             w = workload(task)
             lo, hi = job["lo"], job["hi"]
@@ -334,11 +336,13 @@ class CpuBackend:
         """Send one job per active shard and wait for all; return device times."""
         pending: dict[int, int] = {}
         task_json = task.to_json()
+        kind = kind_payload(task)  # a registered kind travels with its jobs
         for pos in active:
             dev = decision.gpus[pos]
             lo, hi = bounds[pos]
             self._next_id += 1
-            job = {"id": self._next_id, "task": task_json, "lo": lo, "hi": hi,
+            job = {"id": self._next_id, "task": task_json, "kind": kind,
+                   "lo": lo, "hi": hi,
                    "pos": pos, "inputs": descs, "out": out_desc,
                    "fault": dev in self.fault_devices}
             try:

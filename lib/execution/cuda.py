@@ -90,7 +90,14 @@ from lib.execution.base import (
 )
 from lib.platform.cudastack import probe
 from lib.platform.machines import Machine
-from lib.platform.workloads import Arrays, round_bf16, split_rows, workload
+from lib.platform.user_kinds import RegisteredKind
+from lib.platform.workloads import (
+    Arrays,
+    host_dtype,
+    round_bf16,
+    split_rows,
+    workload,
+)
 from lib.platform.workloads import verify as verify_output
 from lib.security.gate1 import check_decision
 
@@ -152,6 +159,17 @@ def entry_point(task: TaskSpec) -> str:
     Raises:
         ExecutionError: the kernels have no entry point for the task's dtype.
     """
+    w = workload(task)
+    if isinstance(w, RegisteredKind):
+        if task.dtype not in w.dtypes:
+            raise ExecutionError(f"no {task.kind}_{task.dtype} kernel: the "
+                                 f"registered kind {task.kind} runs in "
+                                 f"{', '.join(w.dtypes)}")
+        if task.dtype not in w.kernel_sources:
+            raise ExecutionError(f"kind {task.kind} was registered without CUDA "
+                                 "source: it runs on the cpu, dask and model "
+                                 "backends")
+        return f"{task.kind}_{task.dtype}"
     if KIND_DTYPES is not None and task.dtype not in KIND_DTYPES[task.kind]:
         raise ExecutionError(
             f"no {task.kind}_{task.dtype} kernel: {task.kind} runs in "
@@ -658,8 +676,18 @@ class CudaBackend:
         """Host work for one piece: its inputs in pinned memory in the kernel's
         layout, and the pinned buffer its rows come back into (concat)."""
         cp = self.cp
-        piece = workload(task).shard_inputs(task, inputs, lo, hi)
+        w = workload(task)
+        piece = w.shard_inputs(task, inputs, lo, hi)
         rows = hi - lo
+        if isinstance(w, RegisteredKind):
+            staged = {k: _stage(cp, v, _layout(v, task), keep)
+                      for k, v in piece.items()}
+            if task.merge == "concat":  # rows come back in the kernel's layout
+                od = w.output_dtype(task)
+                layout = np.uint16 if task.dtype == "bf16" and od == host_dtype(
+                    "bf16") else od
+                staged["out"] = _pinned(cp, w.output_shape(task, rows), layout, keep)
+            return staged
         if task.kind == "matmul":
             a = _stage(cp, piece["A"], task.dtype, keep)
             return {"A": a, "out": _pinned(cp, (rows, task.dims["N"]), a.dtype, keep)}
@@ -682,7 +710,11 @@ class CudaBackend:
         """
         cp = self.cp
         rows = hi - lo
+        w = workload(task)
         with stream:
+            if isinstance(w, RegisteredKind):
+                return self._registered_piece(task, w, kernel, staged, rows, block,
+                                              stream)
             if task.kind == "matmul":
                 a = _upload(cp, staged["A"], stream)
                 n, k = task.dims["N"], task.dims["K"]
@@ -724,6 +756,27 @@ class CudaBackend:
             first = lo - max(0, lo - task.dims["T"])
             return _to_host(cp.ascontiguousarray(u[first:first + rows]), stream,
                             staged["out"])
+
+    def _registered_piece(self, task, w, kernel, staged, rows, block, stream):
+        """A registered kind's piece: its inputs in the order ``inputs``
+        returned them, the output, then ``long long`` rows and every
+        dimension in the kind's order; a 1-D grid of ``ceil(rows / block)``
+        blocks (capped; the kernel loops over the rest). A ``sum`` kind's
+        output starts at zero and the kernel adds into it."""
+        cp = self.cp
+        args = [_upload(cp, arr, stream) for name, arr in staged.items()
+                if name != "out"]
+        if task.merge == "concat":
+            out = cp.empty(staged["out"].shape, dtype=staged["out"].dtype)
+        else:
+            out = cp.zeros(w.output_shape(task, rows), dtype=w.output_dtype(task))
+        grid, blk = launch_geometry(task, rows, block)
+        kernel(grid, blk, (*args, out, np.int64(rows),
+                           *(np.int64(v) for v in task.dims.values())),
+               stream=stream)
+        if task.merge == "concat":
+            return _to_host(out, stream, staged["out"])
+        return out
 
     def _wait(self, sh: _Shard) -> float:
         """Wait for the shard's streams; its busy seconds (spans resolved)."""
@@ -879,6 +932,13 @@ def _pinned(cp, shape: tuple[int, ...], dtype: np.dtype, keep: list) -> np.ndarr
     return out
 
 
+def _layout(arr: np.ndarray, task: TaskSpec) -> str:
+    """The dtype name to stage ``arr`` as: the task's for an array of the
+    task's host dtype (so bf16 goes as 16-bit words), ``"fp32"`` (meaning: as
+    it is) for any other array, such as integer indices."""
+    return task.dtype if arr.dtype == host_dtype(task.dtype) else "fp32"
+
+
 def _stage(cp, host: np.ndarray, dtype: str, keep: list) -> np.ndarray:
     """``host`` in the kernel's layout, copied into pinned memory (host work)."""
     data = np.ascontiguousarray(to_device_dtype(host, dtype))
@@ -929,6 +989,9 @@ def default_source_provider(task: TaskSpec, decision: Decision):
         ExecutionError: the code-gen plane cannot be imported here.
     """
     global _GENERATOR
+    w = workload(task)
+    if isinstance(w, RegisteredKind):  # Gate 2a passed it at registration
+        return w.kernel_sources[task.dtype], entry_point(task), ()
     if CodeGenerator is None:
         raise ExecutionError(f"no kernel source: {CODEGEN_MISSING}; pass a "
                              "source_provider")

@@ -71,6 +71,7 @@ from lib.platform.dask_cluster import (
     worker_address,
 )
 from lib.platform.machines import Machine, MachineError
+from lib.platform.user_kinds import adopt_kind, kind_payload
 from lib.platform.workloads import split_rows, workload
 from lib.platform.workloads import verify as verify_output
 from lib.security.gate1 import check_decision
@@ -89,9 +90,12 @@ def _here() -> str:
 # --------------------------------------------------------------------------
 # Worker side: what each task runs
 
-def _place(task_json: dict, seed: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+def _place(task_json: dict, seed: int, lo: int, hi: int,
+           kind: bytes | None = None) -> dict[str, np.ndarray]:
     """Generate the inputs from the seed and keep one shard's rows (copies, so
-    the whole inputs are freed)."""
+    the whole inputs are freed); ``kind`` registers a user's kind here first
+    (:func:`~lib.platform.workloads.kind_payload`)."""
+    adopt_kind(kind)
     task = TaskSpec.from_json(task_json)
     w = workload(task)
     shard = w.shard_inputs(task, w.make_inputs(task, seed), lo, hi)
@@ -99,12 +103,14 @@ def _place(task_json: dict, seed: int, lo: int, hi: int) -> dict[str, np.ndarray
 
 
 def _shard(placed: dict[str, np.ndarray], task_json: dict, lo: int, hi: int,
-           pos: int, fault: bool, stall: float) -> dict[str, Any]:
+           pos: int, fault: bool, stall: float,
+           kind: bytes | None = None) -> dict[str, Any]:
     """Compute one shard on this worker; report the seconds and the worker."""
     if stall > 0:
         time.sleep(stall)
     if fault:
         raise RuntimeError("injected fault")
+    adopt_kind(kind)
     task = TaskSpec.from_json(task_json)
     t0 = time.perf_counter()
     part = workload(task).compute(task, placed, lo, hi)
@@ -113,8 +119,10 @@ def _shard(placed: dict[str, np.ndarray], task_json: dict, lo: int, hi: int,
             "adds": {}}
 
 
-def _add(a: dict[str, Any], b: dict[str, Any], task_json: dict) -> dict[str, Any]:
+def _add(a: dict[str, Any], b: dict[str, Any], task_json: dict,
+         kind: bytes | None = None) -> dict[str, Any]:
     """Add two partial sums on this worker (one node of the tree)."""
+    adopt_kind(kind)
     task = TaskSpec.from_json(task_json)
     t0 = time.perf_counter()
     part = workload(task).merge(task, [a["part"], b["part"]])
@@ -263,6 +271,7 @@ class DaskBackend:
         place_seconds = time.perf_counter() - t0
         w = workload(task)
         task_json = task.to_json()
+        kind = kind_payload(task)
         ran_on: dict[int, str] = {}
 
         def once():
@@ -275,7 +284,7 @@ class DaskBackend:
                 shards[pos] = self.client.submit(
                     _shard, placed[pos], task_json, lo, hi, pos,
                     dev in self.fault_devices, float(self.stall_devices.get(dev, 0)),
-                    key=self._key("shard", decision, rep, pos),
+                    kind, key=self._key("shard", decision, rep, pos),
                     workers=[run.where[pos]], allow_other_workers=False, pure=False)
             pending = list(shards.items())
             if task.merge == "concat":
@@ -289,7 +298,7 @@ class DaskBackend:
                     for i in range(0, len(level) - 1, 2):
                         (pa, fa), (_, fb) = level[i], level[i + 1]
                         f = self.client.submit(
-                            _add, fa, fb, task_json,
+                            _add, fa, fb, task_json, kind,
                             key=self._key("add", decision, rep, f"{depth}-{pa}"),
                             workers=[run.where[pa]], allow_other_workers=False,
                             pure=False)
@@ -335,7 +344,7 @@ class DaskBackend:
         rep = next(self._count)
         task_json = task.to_json()
         placed = {pos: self.client.submit(
-            _place, task_json, self.seed, *run.bounds[pos],
+            _place, task_json, self.seed, *run.bounds[pos], kind_payload(task),
             key=self._key("place", run.decision, rep, pos),
             workers=[run.where[pos]], allow_other_workers=False, pure=False)
             for pos in active}

@@ -372,12 +372,29 @@ class Histogram(Workload):
 WORKLOADS: dict[str, Workload] = {
     w.kind: w for w in (Matmul(), Reduce(), Elementwise(), Stencil(), Histogram())
 }
+"""Every kind this process knows: the five built-in ones and any registered
+with :func:`lib.platform.user_kinds.register_workload`."""
 
 
 def workload(kind_or_task: str | TaskSpec) -> Workload:
-    """The :class:`Workload` for a kind name or a task."""
+    """The :class:`Workload` for a kind name or a task.
+
+    Raises:
+        KeyError: the kind is neither built in nor registered here.
+    """
     kind = kind_or_task.kind if isinstance(kind_or_task, TaskSpec) else kind_or_task
-    return WORKLOADS[kind]
+    try:
+        return WORKLOADS[kind]
+    except KeyError:
+        raise KeyError(f"kind {kind!r} is not known here; expected one of "
+                       f"{', '.join(WORKLOADS)}") from None
+
+
+def like_of(kind: str) -> str:
+    """The built-in kind whose efficiencies and policy feature ``kind`` uses:
+    ``kind`` itself for a built-in one."""
+    w = WORKLOADS.get(kind)
+    return getattr(w, "like", kind)
 
 
 def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, float]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from lib.contract import DTYPES, KINDS, MAX_DEVICES, TaskSpec
-from lib.platform.workloads import workload
+from lib.platform.workloads import like_of, workload
 
 #: Version of the layout below; version 1 had eight fixed device slots.
 STATE_VERSION = 2
@@ -218,10 +218,12 @@ def encode_task(task: TaskSpec, out: np.ndarray, whole: Any = None) -> None:
     """Write the task's own entries of the task row (those before ``set.*``)
     into ``out``, a zeroed array at least :data:`TASK_FEATURES` long
     (``whole``: the task's work as one shard, where the caller has it)."""
-    out[KINDS.index(task.kind)] = 1.0
+    # A registered kind shows as the built-in kind it behaves like (the
+    # policy has seen those only); its work counts below are its own.
+    out[KINDS.index(like_of(task.kind))] = 1.0
     out[len(KINDS) + DTYPES.index(task.dtype)] = 1.0
     base = len(KINDS) + len(DTYPES)
-    for i, size in enumerate(task.dims.values()):
+    for i, size in enumerate(list(task.dims.values())[:3]):
         out[base + i] = math.log2(size) / 32.0
     out[base + 3] = math.log2(task.split_size) / 32.0
     out[_T["task.merge_sum"]] = float(task.merge == "sum")
