@@ -5,6 +5,7 @@ the profile, the network links, and a policy deciding through the Agent."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -20,6 +21,7 @@ from lib.execution import (
     ExecutionError,
     get_backend,
 )
+from lib.execution.characterise import characterise
 from lib.execution.dask_measure import (
     benchmark,
     benchmark_lines,
@@ -401,6 +403,29 @@ def test_network_between_workers_is_measured(fresh):
     assert m.peer(0, 1).provenance == "measured"
     assert m.host_link(1).provenance == "measured"
     assert fresh.machine.peer(0, 1).provenance == "estimated"
+
+
+def test_characterise_measures_the_network_and_the_profile_uses_it(fresh, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    assert dc.with_measured_links(fresh.machine).peer(0, 1).provenance == "estimated"
+    obj = characterise("dask-local:2", "dask", budget="smoke", progress=False)
+    net = obj["measured"]["network"]
+    assert net["hosts"] == ["127.0.0.1", "127.0.0.1"]
+    assert net["peers"]["0-1"]["provenance"] == "measured"
+    assert all(r["label"] == "MEASURED (dask)" for r in net["records"])
+    m = dc.with_measured_links(fresh.machine)
+    assert m.peer(0, 1).provenance == "measured"
+    assert m.peer(0, 1).bandwidth == net["peers"]["0-1"]["bandwidth"]
+    assert m.host_link(0).latency == net["host_links"]["0"]["latency"]
+    # workers on other hosts than those measured: the estimates stay
+    path = tmp_path / "characterisation" / "dask-local:2.json"
+    stored = json.loads(path.read_text())
+    stored["measured"]["network"]["hosts"] = ["10.0.0.1", "10.0.0.2"]
+    path.write_text(json.dumps(stored))
+    assert dc.with_measured_links(fresh.machine).peer(0, 1).provenance == "estimated"
+    path.write_text("{ not json")  # a damaged file is ignored, not fatal
+    assert dc.with_measured_links(fresh.machine) == fresh.machine
 
 
 def test_a_policy_decides_over_the_workers_through_the_agent(fresh):

@@ -66,6 +66,7 @@ from lib.execution.characterisation_plans import (
     pattern_weights,
 )
 from lib.execution.cpu import shm_root
+from lib.execution.dask_measure import characterise_network, network_record
 from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_seconds
 from lib.platform.machines import Machine, MachineError, load_machine
 from lib.platform.telemetry import (
@@ -286,6 +287,11 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
             bar.update()
             peers = _peers(machine, budget)
             bar.update()
+        network = None
+        if backend == "dask":  # the links between hosts the profile estimates
+            bar.set_postfix_str("network between workers", refresh=False)
+            network = network_record(characterise_network(
+                machine, repeats=budget.repeats), machine)
     finally:
         bar.close()
     failed = [r for r in runs if r["verified"] is False]
@@ -312,6 +318,7 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
             "throughput": _throughput(machine, runs),
             "host_link": link,
             "device_to_device": peers,
+            **({"network": network} if network is not None else {}),
             "background_load": {"before": load_before,
                                 "after": _background(machine) if is_cpu else None},
         },

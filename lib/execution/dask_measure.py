@@ -30,6 +30,7 @@ from lib.platform.dask_cluster import (
     apply_links,
     cluster_for,
     connect,
+    links_record,
     machine_from_workers,
     worker_address,
 )
@@ -72,6 +73,14 @@ class NetworkLinks:
     def apply(self, machine: Machine) -> Machine:
         """``machine`` with these links in place of its estimates."""
         return apply_links(machine, self.host_links, self.peers)
+
+
+def network_record(links: NetworkLinks, machine: Machine) -> dict[str, Any]:
+    """What the characterisation stores of ``links`` (``measured.network``):
+    the links, which :func:`~lib.platform.dask_cluster.dask_machine` applies to
+    the profile from then on, and the raw measurements."""
+    return {**links_record(machine, links.host_links, links.peers),
+            "records": links.records}
 
 
 def characterise_network(cluster: Any, nbytes: int = 16 << 20, tiny: int = 8,

@@ -53,6 +53,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import gc
+import json
 import os
 import re
 import shutil
@@ -76,6 +77,7 @@ from lib.platform.machines import (
     local_cpu_machine,
 )
 from lib.platform.telemetry import Snapshot
+from lib.storage import characterisation_path
 
 DASK_PREFIXES = ("dask://", "dask-local:")
 #: Prefix of a device name; the worker's address follows it.
@@ -529,8 +531,50 @@ def cluster_for(machine: Machine | str) -> DaskCluster:
 
 def dask_machine(spec: str) -> Machine:
     """The machine profile of ``spec`` (the hook of
-    :func:`~lib.platform.machines.load_machine`)."""
-    return connect(spec).machine
+    :func:`~lib.platform.machines.load_machine`), with the links ``gpuhive
+    characterise`` measured between its workers where it has (see
+    :func:`with_measured_links`)."""
+    return with_measured_links(connect(spec).machine)
+
+
+def links_record(machine: Machine, host_links: Mapping[int, Link],
+                 peers: Mapping[tuple[int, int], Link]) -> dict[str, Any]:
+    """Measured links as the characterisation stores them (``measured.network``):
+    the hosts of the workers they were measured on, and each link."""
+    def one(link: Link) -> dict[str, Any]:
+        return {"kind": link.kind, "bandwidth": link.bandwidth,
+                "latency": link.latency, "p2p": link.p2p,
+                "provenance": link.provenance, "note": link.note}
+    return {"hosts": [address_host(worker_address(d)) for d in machine.devices],
+            "host_links": {str(i): one(x) for i, x in sorted(host_links.items())},
+            "peers": {f"{i}-{j}": one(x) for (i, j), x in sorted(peers.items())}}
+
+
+def with_measured_links(machine: Machine) -> Machine:
+    """``machine`` with the links its stored characterisation measured
+    (``$GPUHIVE_HOME/characterisation/<spec>.json``, ``measured.network``),
+    where the workers sit on the same hosts, in the same order, as when they
+    were measured; ``machine`` unchanged otherwise (no file, another layout)."""
+    path = characterisation_path(machine.name)
+    try:
+        record = json.loads(path.read_text())["measured"]["network"]
+        hosts = [address_host(worker_address(d)) for d in machine.devices]
+        if record["hosts"] != hosts:
+            return machine
+
+        def link(x: Mapping[str, Any]) -> Link:
+            return Link(kind=str(x["kind"]), bandwidth=float(x["bandwidth"]),
+                        latency=float(x["latency"]), p2p=bool(x["p2p"]),
+                        provenance="measured", note=str(x["note"]))
+        host_links = {int(i): link(x) for i, x in record["host_links"].items()}
+        peers = {tuple(int(v) for v in k.split("-")): link(x)
+                 for k, x in record["peers"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return machine  # nothing measured yet, or a file of another form
+    if any(not 0 <= i < machine.n for i in host_links) or any(
+            not 0 <= i < j < machine.n for i, j in peers):
+        return machine
+    return apply_links(machine, host_links, peers)
 
 
 def close(spec: str) -> None:
