@@ -224,8 +224,7 @@ def test_every_kind_measured_and_verified(fresh, kind):
     assert all(t > 0 for t in r.metrics.per_device_seconds.values())
     assert r.metrics.total_seconds >= max(r.metrics.per_device_seconds.values())
     assert r.metrics.repeats == 2 and len(r.detail["all_totals"]) == 2
-    assert r.detail["merge"]["path"] == ("workers" if task.merge == "sum"
-                                         else "client")
+    assert r.detail["merge"]["path"] == "client"  # the host path, asked for
 
 
 def test_shards_run_on_their_own_workers_and_sums_add_there(fresh):
@@ -259,14 +258,25 @@ def test_a_deeper_sum_tree_adds_every_partial_once(fresh):
     # Gate 1 would refuse a device twice; the backend itself takes it, which
     # gives a two-level tree of adds on two workers.
     task = TaskSpec("reduce", SMALL["reduce"])
-    d = Decision(gpus=(0, 1, 0, 1, 1), shares=(0.2,) * 5,
-                 chunk=task.split_size).with_hash(task)
+    d = Decision(gpus=(0, 1, 0, 1, 1), shares=(0.2,) * 5, chunk=task.split_size,
+                 comm_path="p2p").with_hash(task)
     with get_task_stream(fresh.client) as ts:
         r = DaskBackend(fresh.machine, timeout=WAIT).run(task, d, verify=True)
     assert r.metrics.verified, r.metrics.max_abs_error
     adds = [str(rec["key"]) for rec in ts.data
             if str(rec["key"]).startswith("gpuhive-add-")]
     assert len(adds) == 4 and len(set(adds)) == 4
+
+
+def test_a_host_path_sum_adds_the_partials_at_the_client(fresh):
+    task = TaskSpec("histogram", SMALL["histogram"])
+    d = decide(task, gpus=(0, 1), shares=(0.4, 0.6), path="host")
+    with get_task_stream(fresh.client) as ts:
+        r = DaskBackend(fresh.machine, timeout=WAIT).run(task, d, verify=True)
+    assert r.metrics.verified
+    assert r.detail["merge"]["path"] == "client"
+    assert r.detail["merge"]["requested"] == "host"
+    assert not [rec for rec in ts.data if str(rec["key"]).startswith("gpuhive-add-")]
 
 
 def test_zero_share_and_single_device(fresh):

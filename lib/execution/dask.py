@@ -14,11 +14,14 @@ or ``dask-local:N``); device ``i`` is worker ``i``. For a Decision the backend:
    reference uses;
 3. **merges**: ``concat`` results are gathered in shard order straight from the
    workers and joined with :meth:`~lib.platform.workloads.Workload.merge`;
-   ``sum`` partials are added on the workers, a tree of ``submit`` calls (each
-   add on the left operand's worker, the right operand sent worker to worker),
-   and only the total crosses to the client. That is this backend's one sum
-   path, whatever ``comm_path`` the decision names; ``detail["merge"]`` says
-   which path ran and which was asked. ``pipelined`` runs as ``split`` (one
+   ``sum`` partials follow the decision's ``comm_path``: ``host`` sends every
+   partial to the client, which adds them; ``p2p`` (and ``nccl``, which no
+   Dask cluster offers and Gate 1 refuses) adds them on the workers, a tree
+   of ``submit`` calls over the links between workers (the profile's
+   ``peers``: loopback on one host, the network between hosts; each add on
+   the left operand's worker, the right operand sent worker to worker), and
+   only the total crosses to the client. ``detail["merge"]`` says which path
+   ran and which was asked. ``pipelined`` runs as ``split`` (one
    task per shard: a single-threaded worker has nothing to overlap a copy
    with), and ``detail["mode_note"]`` says so.
 
@@ -287,7 +290,8 @@ class DaskBackend:
                     kind, key=self._key("shard", decision, rep, pos),
                     workers=[run.where[pos]], allow_other_workers=False, pure=False)
             pending = list(shards.items())
-            if task.merge == "concat":
+            if task.merge == "concat" or (decision.comm_path == "host"
+                                          and len(active) > 1):
                 outs = self._collect(run, pending, [shards[p] for p in active])
                 merged = w.merge(task, [o["part"] for o in outs])
             else:
@@ -321,9 +325,13 @@ class DaskBackend:
             "merge": ({"path": "client", "requested": decision.comm_path,
                        "note": "rows gathered from the workers in shard order"}
                       if task.merge == "concat" else
+                      {"path": "client", "requested": decision.comm_path,
+                       "note": "every partial sent to the client and added there"}
+                      if decision.comm_path == "host" and len(active) > 1 else
                       {"path": "workers", "requested": decision.comm_path,
-                       "note": "partials added on the workers as a tree of tasks, "
-                               "then one transfer to the client"})}
+                       "note": "partials added on the workers as a tree of tasks "
+                               "over the links between them, then one transfer "
+                               "to the client"})}
         if decision.mode == "pipelined":
             info["mode_note"] = "pipelined ran as split: one task per shard"
         return merged, per_dev, totals, info
