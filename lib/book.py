@@ -2,7 +2,9 @@
 
 Helpers: where figures go, how titles are labelled, and the recorder that
 writes each notebook's headline numbers. Build: :func:`build_book` (what
-``gpuhive book`` and ``make book`` run).
+``gpuhive book`` and ``make book`` run). This module is also the book's Sphinx
+extension (``_config.yml`` lists it): it serves MathJax from the build itself,
+so the equations render without a network.
 
 Notebooks tell, ``lib`` does: a notebook calls these so that every figure is a
 file under ``figures/<machine>/`` with a title that says MEASURED or PREDICTED,
@@ -12,6 +14,7 @@ the book read without scraping output.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -197,3 +200,91 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
     out = root / "_build" / "html"
     print(f"book: {out / 'index.html'}")
     return out
+
+
+# --------------------------------------------------------------------------
+# The Sphinx extension: MathJax served from the build, not from a CDN
+#
+# MathJax 3 comes from PyPI (``django-static-mathjax``, in the ``book`` extra:
+# the library's own ``es5`` files, nothing of Django is imported). After the
+# HTML is written, the files a page needs are copied to
+# ``_static/mathjax/``; ``_config.yml`` points ``mathjax_path`` there, so every
+# page loads ``_static/mathjax/tex-mml-chtml.js`` relative to itself and the
+# book reads the same offline.
+
+#: Where MathJax goes under ``_static`` and the file ``mathjax_path`` names.
+MATHJAX_DIR = "mathjax"
+MATHJAX_ENTRY = "tex-mml-chtml.js"
+#: What of MathJax's ``es5`` folder the entry point loads (fonts, TeX
+#: extensions it loads on demand, the menu and its accessibility parts).
+_MATHJAX_PARTS = (MATHJAX_ENTRY, "input", "output", "ui", "a11y", "sre", "adaptors")
+#: A small stylesheet: a display equation wider than the page scrolls inside
+#: its own box instead of running off the page.
+BOOK_CSS = "gpuhive-book.css"
+_CSS = """/* written by lib.book */
+div.math, .math { max-width: 100%; overflow-x: auto; overflow-y: hidden; }
+"""
+
+
+class MathJaxMissing(RuntimeError):
+    """MathJax's files are not installed (``make install`` installs them)."""
+
+
+def mathjax_source() -> Path:
+    """The installed MathJax 3 ``es5`` folder (``django-static-mathjax``).
+
+    Raises:
+        MathJaxMissing: the package is not installed.
+    """
+    spec = importlib.util.find_spec("mathjax")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        es5 = Path(folder) / "static" / "mathjax" / "es5"
+        if (es5 / MATHJAX_ENTRY).is_file():
+            return es5
+    raise MathJaxMissing("MathJax is not installed: run make install (or pip install "
+                         "'django-static-mathjax>=3.2'); the book serves it itself")
+
+
+def copy_mathjax(static: Path) -> Path:
+    """Copy what the book needs of MathJax under ``static/mathjax``; return the
+    entry point's path."""
+    src = mathjax_source()
+    dest = static / MATHJAX_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("svg", "svg.js", "*.map")
+    for part in _MATHJAX_PARTS:
+        if (src / part).is_dir():
+            shutil.copytree(src / part, dest / part, ignore=skip, dirs_exist_ok=True)
+        elif (src / part).is_file():
+            shutil.copy2(src / part, dest / part)
+    return dest / MATHJAX_ENTRY
+
+
+def _local_mathjax_path(app: Any) -> None:
+    """Refuse a ``mathjax_path`` that points off the build (a URL)."""
+    from sphinx.errors import ExtensionError
+
+    path = str(app.config.mathjax_path or "")
+    if "://" in path or path.startswith("//"):
+        raise ExtensionError(f"mathjax_path is {path!r}: the book serves MathJax "
+                             f"itself; set it to {MATHJAX_DIR}/{MATHJAX_ENTRY}")
+    try:
+        mathjax_source()
+    except MathJaxMissing as exc:
+        raise ExtensionError(str(exc)) from None
+
+
+def _copy_static(app: Any, exception: BaseException | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    copy_mathjax(static)
+    (static / BOOK_CSS).write_text(_CSS)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    """Sphinx entry point: local MathJax and the book's stylesheet."""
+    app.connect("builder-inited", _local_mathjax_path)
+    app.connect("build-finished", _copy_static)
+    app.add_css_file(BOOK_CSS)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

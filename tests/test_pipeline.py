@@ -324,7 +324,8 @@ def test_bad_step_counts_and_backends_are_refused_naming_the_field(field, value)
 
 def test_a_finetune_backend_the_machine_lacks_is_refused_before_training(tmp_path):
     cfg = TrainConfig(machine="local-cpu", budget="smoke", finetune_backend="cuda")
-    with pytest.raises(ValueError, match="finetune backend 'cuda'.*local-cpu runs on cpu"):
+    with pytest.raises(ValueError,
+                       match="finetune backend 'cuda'.*local-cpu runs on cpu"):
         train(cfg, tmp_path, progress=False, evaluate_policy=False)
     assert not (tmp_path / "checkpoint.npz").exists()  # nothing was trained
 

@@ -13,6 +13,7 @@ from lib.contract import BACKENDS, BLOCKS, MODES
 from lib.learners import TrainableLearner
 from lib.learners.setppo import SetPPOAgent, SetPPOConfig
 from lib.learners.td3 import TD3Agent, TD3Config
+from lib.platform.workloads import split_rows
 from lib.policies.learned import (
     HEAD_SIZES,
     HEADS,
@@ -20,7 +21,6 @@ from lib.policies.learned import (
     ObservationEncoder,
     flat_dim,
 )
-from lib.platform.workloads import split_rows
 from lib.policies.observation import DEVICE_FEATURES, DEVICE_FIELDS, TASK_FEATURES
 
 DEVICE_FIELD_NAMES = [name for name, _ in DEVICE_FIELDS]
