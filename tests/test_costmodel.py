@@ -10,10 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lib.contract import Decision, TaskSpec
-from lib.costmodel import predict
-from lib.platform.machines import GPU_CATALOG, machine_from_json
+from lib.costmodel import default_params, predict
+from lib.platform.dask_cluster import LINK_ESTIMATES
+from lib.platform.machines import (
+    GPU_CATALOG,
+    Link,
+    local_cpu_machine,
+    machine_from_json,
+)
 from lib.platform.telemetry import busy
 from lib.policies.baselines import EqualSplit, ProportionalToPeak
+from lib.policies.oracle import optimum
 from lib.security import check_decision
 
 MATMUL = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
@@ -97,7 +104,7 @@ def _situations(draw):
     weights = draw(st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k)
                    .filter(lambda w: sum(w) > 0))
     shares = [w / sum(weights) for w in weights]
-    shares[-1] = 1.0 - sum(shares[:-1])
+    shares[-1] = max(0.0, 1.0 - sum(shares[:-1]))  # never -2e-16
     mode = draw(st.sampled_from(["split", "pipelined"])) if k > 1 else "single"
     chunk = draw(st.integers(1, task.split_size))
     util = draw(st.lists(st.sampled_from([0.0, 0.3, 0.9]), min_size=machine.n,
@@ -158,3 +165,69 @@ def test_a_faster_link_never_slows_a_transfer(case, speedup):
         for link in machine.host_links))
     assert predict(task, d, faster, snap).total \
         <= predict(task, d, machine, snap).total * (1 + 1e-12)
+
+
+# -- a Dask cluster: what the dask backend does, priced -------------------------
+
+def _cluster(n: int = 4):
+    """A four-worker cluster profile (local-cpu's cores standing in for
+    workers, with loopback links between them)."""
+    m = local_cpu_machine(n)
+    bw, lat, _ = LINK_ESTIMATES["network"]
+    net = Link(kind="network", bandwidth=bw, latency=lat, p2p=True)
+    return _replace(m, name="dask-test", real_backends=("dask",),
+                    host_links=(net,) * n,
+                    peers={(i, j): net for i in range(n) for j in range(i + 1, n)})
+
+
+def test_on_a_cluster_inputs_do_not_travel_and_a_decision_pays_its_dispatch():
+    m = _cluster()
+    assert m.cluster and not local_cpu_machine(4).cluster
+    task = TaskSpec("matmul", {"M": 512, "N": 512, "K": 512})
+    d = Decision(gpus=(0, 1), shares=(0.5, 0.5), chunk=64,
+                 mode="split").with_hash(task)
+    p = predict(task, d, m)
+    params = default_params()
+    assert all(dev.t_in == 0.0 for dev in p.devices)
+    assert all(dev.t_launch == params.launch_s["dask-task"] for dev in p.devices)
+    assert p.t_dispatch == params.launch_s["dask-decision"]
+    assert p.total == pytest.approx(max(dev.total for dev in p.devices)
+                                    + p.t_merge + p.t_dispatch)
+    # pipelined runs as split on the dask backend, and is priced so
+    piped = predict(task, Decision(gpus=(0, 1), shares=(0.5, 0.5), chunk=64,
+                                   mode="pipelined").with_hash(task), m)
+    assert piped.total == p.total and all(dev.chunks == 1 for dev in piped.devices)
+    # off the cluster the same decision moves its inputs and pays no dispatch
+    local = predict(task, d, local_cpu_machine(4))
+    assert local.t_dispatch == 0.0 and all(dev.t_in > 0 for dev in local.devices)
+
+
+def test_a_p2p_sum_on_a_cluster_is_a_tree_of_transfers_and_adds():
+    m = _cluster()
+    task = TaskSpec("histogram", {"N": 1 << 20, "B": 4096})
+    depth = {}
+    for k in (2, 4):
+        d = Decision(gpus=tuple(range(k)), shares=(1 / k,) * k, chunk=1 << 20,
+                     comm_path="p2p").with_hash(task)
+        depth[k] = predict(task, d, m).t_merge
+    link = m.peer(0, 1)
+    nbytes = 4.0 * 4096
+    step = link.latency + nbytes / link.bandwidth
+    # two levels of (transfer + add) for four workers, one for two
+    assert depth[4] - depth[2] == pytest.approx(step + 2 * nbytes / (
+        m.devices[0].mem_bw * default_params().e_mem("cpu", "histogram")))
+
+
+def test_the_optimum_on_a_cluster_is_priced_as_predict_prices_it():
+    m = _cluster()
+    for task in (TaskSpec("matmul", {"M": 2048, "N": 2048, "K": 2048}),
+                 TaskSpec("reduce", {"N": 1 << 26}),
+                 TaskSpec("elementwise", {"N": 64})):
+        best = optimum(task, m)
+        assert best.decision.mode != "pipelined"
+        for rival in (EqualSplit(), ProportionalToPeak()):
+            d = rival.decide(task, m, None).with_hash(task)
+            assert best.prediction.total <= predict(task, d, m).total * (1 + 1e-9)
+    # a tiny task's time is the cluster's fixed cost of a decision
+    tiny = optimum(TaskSpec("elementwise", {"N": 64}), m).prediction
+    assert tiny.t_dispatch / tiny.total > 0.9

@@ -284,9 +284,11 @@ class _FastModel:
                 work = w.work(task, hi - lo)
                 cols["flops"].append(work.flops)
                 cols["traffic"].append(work.mem_traffic)
-                cols["bin"].append(work.bytes_in)
+                # On a Dask cluster the inputs are made on the workers (Eq. (1)).
+                moved_in = 0.0 if machine.cluster else work.bytes_in
+                cols["bin"].append(moved_in)
                 cols["bout"].append(work.bytes_out)
-                cols["lat_in"].append(link.latency if work.bytes_in > 0 else 0.0)
+                cols["lat_in"].append(link.latency if moved_in > 0 else 0.0)
                 cols["lat_out"].append(link.latency if work.bytes_out > 0 else 0.0)
                 cols["peak"].append(dev.peak_flops(task.dtype))
                 cols["bw"].append(dev.mem_bw)
@@ -296,12 +298,13 @@ class _FastModel:
                                        -1))
                 m_col.append(index.get(_Slot("memory_eff", (dev.kind, task.kind)),
                                        -1))
-                l_col.append(index.get(_Slot("launch_s", dev.kind), -1))
+                launch_key = launch_slot(machine, dev.kind)
+                l_col.append(index.get(_Slot("launch_s", launch_key), -1))
                 s_col.append(index.get(_Slot("link_scale", dev.kind), -1))
                 # Values of entries that are not fitted (never change).
                 for table, key in (("compute_eff", (dev.kind, task.kind)),
                                    ("memory_eff", (dev.kind, task.kind)),
-                                   ("launch_s", dev.kind), ("link_scale", dev.kind)):
+                                   ("launch_s", launch_key), ("link_scale", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -358,8 +361,16 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
     for dk in dev_kinds:
         for k in kinds:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
-        slots += [_Slot("launch_s", dk), _Slot("link_scale", dk)]
+        slots += [_Slot("launch_s", launch_slot(machine, dk)),
+                  _Slot("link_scale", dk)]
     return slots
+
+
+def launch_slot(machine: Machine, device_kind: str) -> str:
+    """The ``launch_s`` entry a run's fixed cost is fitted to: the device
+    kind's launch, or on a Dask cluster the decision's fixed cost
+    (``dask-decision``), which a per-device constant cannot tell apart."""
+    return "dask-decision" if machine.cluster else device_kind
 
 
 def _levenberg_marquardt(residual, theta: np.ndarray, lo: np.ndarray,

@@ -191,6 +191,14 @@ class Machine:
         """Number of devices."""
         return len(self.devices)
 
+    @property
+    def cluster(self) -> bool:
+        """Whether the devices are the workers of a Dask cluster: inputs are
+        generated on them (nothing crosses a host link on the way in), each
+        shard is a task the scheduler places, and a sum's ``p2p`` path is a
+        tree of adds over the links between workers."""
+        return self.real_backends == ("dask",)
+
     def host_link(self, i: int) -> Link:
         """Device ``i``'s link to the host."""
         return self.host_links[i]

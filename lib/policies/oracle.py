@@ -60,6 +60,7 @@ from lib.costmodel.model import (
     CostParams,
     Prediction,
     default_params,
+    launch_seconds,
     predict,
     split_time_coefficients,
 )
@@ -268,7 +269,9 @@ class _Devices:
         self.bw = np.array([lk.bandwidth * params.link_scale.get(d.kind, 1.0)
                             for lk, d in zip(links, devs, strict=True)])
         self.lat = np.array([lk.latency for lk in links])
-        self.launch = np.array([params.launch_s.get(d.kind, 5e-6) for d in devs])
+        self.launch = np.array([launch_seconds(machine, i, params) for i in usable])
+        # On a Dask cluster the inputs are generated on the workers.
+        self.inputs = 0.0 if machine.cluster else 1.0
 
     def _xfer(self, nbytes: np.ndarray) -> np.ndarray:
         return np.where(nbytes > 0, self.lat + nbytes / self.bw, 0.0)
@@ -300,6 +303,7 @@ class _Devices:
             flops = 5.0 * band * width * steps
             mem = 2.0 * e * band * width * steps
             b_fix = e * (band - r) * width
+        b_rows, b_fix = b_rows * self.inputs, b_fix * self.inputs
         comp = np.maximum(flops / self.peak, mem / self.bw_mem)
         keep = np.asarray(copy_out, dtype=np.float64)
         if keep.ndim:
@@ -398,6 +402,8 @@ class _Search:
         if path == "p2p":
             gather = max((lat + nb / bw) if nb > 0 else 0.0
                          for bw, lat in (self._pair(lead, j) for j in active[1:]))
+            if self.machine.cluster:  # a tree of adds, as merge_seconds prices it
+                return math.ceil(math.log2(k)) * (gather + add / k * 2) + out
             return gather + add + out
         ring = [self._pair(active[i], active[(i + 1) % k]) for i in range(k)]
         slowest = min(bw for bw, _ in ring)
@@ -677,7 +683,8 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
                     masks = np.concatenate([masks, full])
                     seeds = np.concatenate([seeds, np.full(
                         (1, search.k), search.n / search.k)])
-            search.pipelined(path, masks, seeds)
+            if not machine.cluster:  # a Dask cluster runs pipelined as split
+                search.pipelined(path, masks, seeds)
     priced = search.priced()
     search.candidates = []
     search.polish(priced)
