@@ -492,11 +492,23 @@ class Decision:
         )
 
     def with_hash(self, task: TaskSpec) -> Decision:
-        """This decision with ``config_hash`` computed for ``task``."""
-        digest = config_hash(task, self)
+        """This decision with ``config_hash`` computed for ``task``.
+
+        The task remembers the result and its digest (:func:`config_hash`
+        reuses the digest for that very decision object while its fields and
+        the task's text are the ones hashed: Gate 1 asks again at once).
+        """
+        text = _canonical_text(task, self)
+        digest = hashlib.sha256((canonical_json(task, self) if text is None
+                                 else text).encode()).hexdigest()
         # the constructor, not dataclasses.replace: a third of the cost
-        return type(self)(self.gpus, self.shares, self.chunk, self.block,
-                          self.mode, self.comm_path, digest)
+        out = type(self)(self.gpus, self.shares, self.chunk, self.block,
+                         self.mode, self.comm_path, digest)
+        if text is not None:  # the task's text is cached on it: remember
+            task.__dict__["_hashed"] = (out, out.gpus, out.shares, out.chunk,
+                                        out.block, out.mode, out.comm_path,
+                                        task.__dict__["_canonical"][1], digest)
+        return out
 
     def describe(self) -> str:
         """Short human form: ``split gpus=[0,2] shares=[0.750,0.250] ...``."""
@@ -595,7 +607,20 @@ def canonical_json(task: TaskSpec, decision: Decision) -> str:
 
 
 def config_hash(task: TaskSpec, decision: Decision) -> str:
-    """SHA-256 hex digest of :func:`canonical_json` (anyone can recompute it)."""
+    """SHA-256 hex digest of :func:`canonical_json` (anyone can recompute it).
+
+    The last decision :meth:`Decision.with_hash` made for a task is kept on
+    the task (it is frozen) with the field objects (immutable) and task text
+    it hashed, and the digest: for that very decision object, with those
+    very fields, and the task's text unchanged, this returns the digest
+    without hashing again. Anything else is hashed afresh.
+    """
+    memo = getattr(task, "__dict__", {}).get("_hashed")
+    if memo is not None and memo[0] is decision and memo[1] is decision.gpus \
+            and memo[2] is decision.shares and memo[3] is decision.chunk \
+            and memo[4] is decision.block and memo[5] is decision.mode \
+            and memo[6] is decision.comm_path and memo[7] == _task_text(task):
+        return memo[8]
     return hashlib.sha256(canonical_json(task, decision).encode()).hexdigest()
 
 

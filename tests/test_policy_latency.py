@@ -4,10 +4,14 @@ computation (the batch network on the state), and printed latency benchmarks
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 
+from lib.contract import Decision
 from lib.env.curriculum import GPU_CATALOG, random_machine, sample_task
-from lib.evaluation.bench import latency_benchmark
+from lib.evaluation.bench import latency_benchmark, latency_machine
 from lib.learners.setnet import waterfill_forward
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import SimulatedTelemetry, busy, idle
@@ -25,6 +29,7 @@ from lib.policies.learned import (
 from lib.policies.observation import encode_state
 from lib.runtime import Agent
 from lib.scoring import decision_latency
+from lib.security import check_decision
 from lib.training import TrainConfig, make_learner
 
 
@@ -135,6 +140,73 @@ def test_the_cache_follows_machine_telemetry_task_and_weights():
     after = [policy.decide(t, machine) for t in tasks]
     assert after == [LearnedPolicy(policy.learner).decide(t, machine) for t in tasks]
     assert after != before
+
+
+def test_the_cached_path_decides_as_an_uncached_policy():
+    """One long-lived policy (contexts, folded weights, buffers and the
+    decoder's caches reused) against a fresh policy per decision (nothing
+    cached), over machines of 1, 4 and 16 devices under every kind of
+    snapshot (idle, simulated, busy with unhealthy devices) visited in a
+    random interleaving, small tasks and tasks too big for some devices:
+    the same decisions exactly; hashes equal to the
+    plain JSON encoder's; the same Gate 1 verdicts for a decision that
+    remembers its hash and for a fresh copy."""
+    rng = np.random.default_rng(5)
+    models = sorted(GPU_CATALOG)
+    fleet = [random_machine(rng, list(rng.choice(models, size=k)), f"r{k}")
+             for k in (1, 4, 16)] + [load_machine("hetero-4"), latency_machine(16)]
+    states = [(m, t) for m in fleet for t in telemetries(m, rng)]
+    policies = [load_policy(), random_policy(7, "all", True),
+                random_policy(8, "no-telemetry", True),
+                random_policy(9, "no-topology", False)]
+    for policy in policies:
+        for _ in range(250):
+            machine, telemetry = states[rng.integers(len(states))]
+            big = rng.random() < 0.4  # large enough that memory caps bind
+            task = sample_task(rng, machine, telemetry,
+                               (9.5, 11.5) if big else (4.0, 10.0))
+            fresh = LearnedPolicy(policy.learner, features=policy.features,
+                                  use_mask=policy.use_mask,
+                                  min_share=policy.min_share)
+            decision = policy.decide(task, machine, telemetry)
+            assert decision == fresh.decide(task, machine, telemetry)
+            hashed = decision.with_hash(task)
+            text = json.dumps({"task": task.to_json(),
+                               "decision": decision.to_json(include_hash=False)},
+                              sort_keys=True, separators=(",", ":"))
+            assert hashed.config_hash == hashlib.sha256(text.encode()).hexdigest()
+            copy = Decision(hashed.gpus, hashed.shares, hashed.chunk, hashed.block,
+                            hashed.mode, hashed.comm_path, hashed.config_hash)
+            got = check_decision(hashed, task, machine, telemetry)
+            want = check_decision(copy, task, machine, telemetry)
+            assert (got.accepted, got.violations) == (want.accepted,
+                                                      want.violations)
+
+
+def test_a_remembered_hash_does_not_hide_a_change():
+    """Gate 1 refuses a hashed decision whose fields were swapped afterwards
+    (the remembered digest is for the old ones), or checked for another
+    task."""
+    machine = load_machine("hetero-4")
+    rng = np.random.default_rng(3)
+    policy = load_policy()
+    task, other = (sample_task(rng, machine) for _ in range(2))
+    decision = policy.decide(task, machine).with_hash(task)
+    assert check_decision(decision, task, machine).accepted
+    refused = check_decision(decision, other, machine)
+    assert "integrity.hash_mismatch" in {v.check for v in refused.violations}
+    changed = {"chunk": decision.chunk + 1 if decision.chunk < task.split_size
+               else decision.chunk - 1,
+               "block": 64 if decision.block != 64 else 128,
+               "shares": tuple(reversed(decision.shares)) if len(decision.gpus) > 1
+               else (1.0,)}
+    for name, value in changed.items():
+        tampered = decision.with_hash(task)
+        object.__setattr__(tampered, name, value)  # after hashing
+        if value == getattr(decision, name):
+            continue  # nothing changed (a single share of 1.0)
+        verdict = check_decision(tampered, task, machine)
+        assert "integrity.hash_mismatch" in {v.check for v in verdict.violations}
 
 
 def test_decision_latency_smoke():

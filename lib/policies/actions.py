@@ -172,19 +172,31 @@ class Decoder:
         self.p2p = frozenset((a, b) for a, b in itertools.combinations(range(n), 2)
                              if (link := machine.peer(a, b)) is not None
                              and link.p2p)
+        #: Gate 1's room per device, and the least over the healthy ones
+        #: (None where that is empty or not a number: then compare each).
+        self._room = [f * (1.0 - MEMORY_MARGIN) for f in self.free]
+        healthy_room = [r for r, h in zip(self._room, self.healthy, strict=True)
+                        if h]
+        self._least_room = min(healthy_room) if healthy_room and not any(
+            r != r for r in healthy_room) else None
         self._caps: tuple[TaskSpec, list[float] | None] | None = None
         self._allowed: dict[str, Any] = {}
 
-    def caps(self, task: TaskSpec) -> list[float] | None:
+    def caps(self, task: TaskSpec, footprint: float | None = None
+             ) -> list[float] | None:
         """Rows each device can hold, or None where the whole task fits on
-        every healthy device (the common case: no cap binds)."""
+        every healthy device (the common case: no cap binds).
+        ``footprint``: the whole task's, where the caller has it."""
         if self._caps is not None and self._caps[0] is task:
             return self._caps[1]
-        whole = workload(task).work(task, task.split_size).footprint
-        room = [f * (1.0 - MEMORY_MARGIN) for f in self.free]
-        caps = None
-        if any(whole > r for r, h in zip(room, self.healthy, strict=True) if h):
-            caps = [_memory_rows(task, f) for f in self.free]
+        whole = workload(task).work(task, task.split_size).footprint \
+            if footprint is None else footprint
+        if self._least_room is not None:
+            binds = whole > self._least_room
+        else:
+            binds = any(whole > r for r, h in zip(self._room, self.healthy,
+                                                   strict=True) if h)
+        caps = [_memory_rows(task, f) for f in self.free] if binds else None
         self._caps = (task, caps)
         return caps
 
@@ -196,12 +208,13 @@ class Decoder:
             return self.healthy
         return [h and c >= 1 for h, c in zip(self.healthy, caps, strict=True)]
 
-    def allowed(self, task: TaskSpec
+    def allowed(self, task: TaskSpec, footprint: float | None = None
                 ) -> tuple[list[bool], tuple[list[bool], list[bool], list[bool]]]:
         """:meth:`masks` as lists of bools for one decision: the usable
         devices and the allowed blocks, modes and paths (lists the caller
-        must not change; kept per merge while no memory cap binds)."""
-        caps = self.caps(task)
+        must not change; kept per merge while no memory cap binds).
+        ``footprint``: the whole task's, where the caller has it."""
+        caps = self.caps(task, footprint)
         key = task.merge
         if caps is None and key in self._allowed:
             return self._allowed[key]
@@ -351,8 +364,20 @@ def project_share_row(shares: Sequence[float], device_mask: Sequence[Any],
     if mode == SINGLE:
         top = max(range(len(w)), key=w.__getitem__)  # first maximum, as argmax
         w = [v if i == top else 0.0 for i, v in enumerate(w)]
-    # numpy's pairwise sum, so a weight on the min_share boundary falls the
-    # same side as in the batch path
+    # Any sum of the weights is within a few ulps of numpy's pairwise one
+    # (the batch path's), so it settles every weight not within 1e-9 of the
+    # min_share boundary; numpy's sum settles the rest.
+    total = sum(w)
+    if 0.0 < total < math.inf:
+        band = 1e-9 * min_share
+        out = []
+        for v in w:
+            frac = v / total
+            if -band <= frac - min_share <= band:
+                break
+            out.append(v if frac >= min_share else 0.0)
+        else:
+            return out
     total = float(np.add.reduce(np.array(w)))
     if total > 0:
         return [v if v / total >= min_share else 0.0 for v in w]

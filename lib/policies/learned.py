@@ -81,7 +81,6 @@ from lib.policies.observation import (
     MachineView,
     device_rows,
     encode_task,
-    task_device_columns,
     task_logs,
     task_terms,
 )
@@ -197,10 +196,20 @@ def action_from_choices(shares: np.ndarray, choices: Sequence[int] | np.ndarray,
     return {"shares": np.pad(s, pad), **{h: ch[..., i] for i, h in enumerate(HEADS)}}
 
 
+#: The first inputs of a device in the fast path (:class:`_Context`), log10
+#: seconds: the :data:`TASK_DEVICE_FIELDS` before their scaling, and third
+#: the compute time (``None``: not a state entry, weight zero), so that one
+#: reduction over the first three gives ``cost_pipe`` and one ``cost_split``.
+_TERMS: tuple[str | None, ...] = ("t_in", "t_out", None, "t_fixed", "cost_split",
+                                  "cost_pipe")
+
+
 class _Context:
     """What one machine under one snapshot contributes to a decision of a
     task with a given dtype: the task-independent state, the decoder, and
-    for a set learner the task-independent parts of its network.
+    for a set learner the task-independent parts of its network, folded
+    into weights and buffers so that one decision is a handful of NumPy
+    calls (:meth:`LearnedPolicy._forward`).
 
     The network's inputs enter linearly before the first nonlinearity, so
     every part that does not depend on the task is folded in here:
@@ -208,22 +217,36 @@ class _Context:
     - the device rows' own entries (figures, telemetry, links) and the device
       part of the separable entries (:data:`SEPARABLE_FIELDS`: a task scalar
       minus a device constant) into ``first`` (the first layer) and ``skip``
-      (the share outputs' skip);
+      (the share outputs' skip, with its bias);
     - the scaling ``(x + 4) / 3`` of the :data:`TASK_DEVICE_FIELDS` entries
-      into their weights (``w_dyn``, ``ws_dyn``) and those biases;
-    - the task row, the task part of the separable entries and a constant 1
-      all multiply one matrix, ``w_ext``, whose columns feed the first layer,
-      the set layer (with its bias) and the share skip (with its bias), so
-      one product gives every task-dependent vector;
-    - the feature ablation (``keep``) into every weight.
+      into their weights and those biases;
+    - the feature ablation (``keep``) into every weight;
+    - the mean pools' ``1 / k`` and the biases of the set layers into their
+      weights (the pooled vectors end with a constant 1).
 
-    Per task, only the five :data:`TASK_DEVICE_FIELDS` rows are computed per
-    device (:func:`task_device_columns`).
+    The task enters as ``ext`` = [task row, the task part of the separable
+    entries (3), 1] (:data:`TASK_FEATURES` + 4 entries). Per decision:
+
+    - ``x = xt.T`` ``(k, 6 + len(ext))``, one row per usable device: the
+      six :data:`_TERMS` (log10 seconds), then ``ext``; ``x @ w1x + first``
+      is the first layer's input, ``x @ wzx + skip`` the shares' skip
+      (``first`` and ``skip`` are added after the product, not picked by a
+      one-hot column in it, so that identical devices get identical rows
+      whatever their position);
+    - ``g1`` = [sum, max of the first layer over the devices, 1] and
+      ``v2t @ g1`` the second layer's pooled input (with ``b2``);
+    - ``g2`` = [sum, max of the second layer, ext] and ``w3t @ g2`` the set
+      layer's input (with ``b3``); ``h3`` = [that layer, 1] and ``wyt @ h3``
+      the heads' logits (with ``by``).
+
+    Per task, only the six :data:`_TERMS` columns are computed per device.
+    The buffers are overwritten by the next decision.
     """
 
-    __slots__ = ("cols", "decoder", "ext", "first", "g", "h1", "h2", "index",
-                 "skip", "split", "task_set", "v_max", "v_mean", "version",
-                 "view", "w3", "w_dyn", "w_ext", "ws_dyn")
+    __slots__ = ("decoder", "ext0", "first", "g1", "g2", "h1", "h2", "h3", "index",
+                 "inv", "k", "lat", "scale", "skip", "task_set", "times", "v2t",
+                 "version", "view", "views", "w1x", "w2", "w3t", "wyt", "wz",
+                 "wzx", "xt")
 
     def __init__(self, machine: Machine, telemetry: Snapshot | None, dtype: str,
                  min_share: float, encoder: ObservationEncoder,
@@ -239,7 +262,7 @@ class _Context:
             return
         p = learner.actor.params
         c = TASK_FEATURES
-        k = len(self.index)
+        self.k = k = len(self.index)
         sep = [_DEV[n] for n in SEPARABLE_FIELDS]
         dyn = [_DEV[n] for n in TASK_DEVICE_FIELDS]
         rows = view.static.copy()
@@ -250,34 +273,65 @@ class _Context:
         w1 = p["W1"][c:] * keep_dev[:, None]
         ws = p["Ws"] * keep_dev[:, None]
         # (L + 4) / 3 @ W = L @ (W / 3) + 4/3 of W's rows summed
-        self.w_dyn, self.ws_dyn = w1[dyn] / 3.0, ws[dyn] / 3.0
-        self.first = rows @ w1 + p["b1"] + 4.0 * self.w_dyn.sum(axis=0)
-        self.skip = rows @ ws + p["bz"] + 4.0 * self.ws_dyn.sum(axis=0)
+        w_dyn, ws_dyn = w1[dyn] / 3.0, ws[dyn] / 3.0
+        first = rows @ w1 + p["b1"] + 4.0 * w_dyn.sum(axis=0)
+        skip = rows @ ws + p["bz"] + 4.0 * ws_dyn.sum(axis=0)
         h1 = w1.shape[1]
         width = p["W2"].shape[1] if "W2" in p else h1
-        h3 = p["W3"].shape[1]
-        z = ws.shape[1]
-        # ext = [task row (c), t_compute, t_memory, -footprint scalars (3), 1]
-        w_ext = np.zeros((c + len(sep) + 1, h1 + h3 + z))
-        w_ext[:c, :h1] = p["W1"][:c] * keep_task[:, None]
-        w_ext[:c, h1:h1 + h3] = p["W3"][2 * width:] * keep_task[:, None]
-        w_ext[c:c + len(sep), :h1] = w1[sep]
-        w_ext[c:c + len(sep), h1 + h3:] = ws[sep]
-        w_ext[-1, h1:h1 + h3] = p["b3"]
-        self.w_ext = w_ext
-        self.split = (h1, h1 + h3)
-        self.ext = np.zeros(c + len(sep) + 1)
-        self.ext[-1] = 1.0
-        # the set layer's pooled inputs: the mean's half divided by k
-        self.w3 = np.vstack([p["W3"][:width] / max(k, 1),
-                             p["W3"][width:2 * width]])
-        self.v_mean = self.v_max = None
-        if "W2" in p:
-            self.v_mean = p["V2"][:h1] / max(k, 1)
-            self.v_max = p["V2"][h1:]
-        self.cols = np.empty((len(dyn), k))
+        ne = c + len(sep) + 1  # ext: task row, separable task parts, 1
+        n_terms = len(_TERMS)
+        at = {name: i for i, name in enumerate(TASK_DEVICE_FIELDS)}
+        term_rows = [i for i, name in enumerate(_TERMS) if name is not None]
+        dyn_rows = [at[name] for name in _TERMS if name is not None]
+        self.first, self.skip = first, skip
+        e = n_terms  # where ext starts in a row of x
+        self.w1x = np.zeros((e + ne, h1))
+        self.w1x[term_rows] = w_dyn[dyn_rows]
+        self.w1x[e:e + c] = p["W1"][:c] * keep_task[:, None]
+        self.w1x[e + c:e + c + len(sep)] = w1[sep]
+        self.wzx = np.zeros((e + ne, ws.shape[1]))
+        self.wzx[term_rows] = ws_dyn[dyn_rows]
+        self.wzx[e + c:e + c + len(sep)] = ws[sep]
+        self.wz = p["Wz"]
+        self.w2 = p.get("W2")
+        if self.w2 is not None:  # [mean, max] @ V2 + b2 = [sum, max, 1] @ v2
+            self.v2t = np.ascontiguousarray(np.vstack(
+                [p["V2"][:h1] / max(k, 1), p["V2"][h1:], p["b2"]]).T)
+        w3 = np.zeros((2 * width + ne, p["W3"].shape[1]))
+        w3[:width] = p["W3"][:width] / max(k, 1)
+        w3[width:2 * width] = p["W3"][width:2 * width]
+        w3[2 * width:2 * width + c] = p["W3"][2 * width:] * keep_task[:, None]
+        w3[-1] = p["b3"]
+        self.w3t = np.ascontiguousarray(w3.T)
+        self.wyt = np.ascontiguousarray(np.vstack([p["Wy"], p["by"]]).T)
+        # Per device, the terms' factors and offsets, rows in _TERMS order
+        # and the memory time last: times = inv * scale + lat, scale = (b_in,
+        # b_out, flops, fixed, 0, 0, traffic) of the task.
+        self.inv = np.zeros((n_terms + 1, k))
+        self.inv[[0, 1, 3]] = view.inv_host_bw
+        self.inv[2] = view.inv_peak
+        self.inv[n_terms] = view.inv_bw
+        self.lat = np.zeros((n_terms + 1, k))
+        self.lat[[0, 1, 3]] = view.host_lat
+        self.scale = np.zeros((n_terms + 1, 1))
+        self.times = np.empty((n_terms + 1, k))
+        self.xt = np.zeros((n_terms + ne, k))  # x transposed: rows are inputs
+        self.ext0 = [0.0] * ne
+        self.ext0[c - len(self.task_set):c] = self.task_set.tolist()
+        self.ext0[-1] = 1.0
         self.h1, self.h2 = np.empty((k, h1)), np.empty((k, width))
-        self.g = np.empty(2 * width)
+        self.g1 = np.ones(2 * h1 + 1)
+        self.g2 = np.empty(2 * width + ne)
+        self.h3 = np.ones(p["W3"].shape[1] + 1)
+        # views of the buffers, made once (a slice costs as much as a small
+        # NumPy operation)
+        t = self.times
+        self.views = (self.scale[:, 0], t[2], t[n_terms], t[:3], t[4], t[5],
+                      t[:n_terms], self.xt[:n_terms], self.xt[n_terms:],
+                      self.xt.T, self.g1[:h1], self.g1[h1:2 * h1],
+                      self.g2[:width], self.g2[width:2 * width],
+                      self.g2[2 * width:], self.g2[2 * width:, None],
+                      self.h3[:-1])
 
 
 def _version(learner: Any) -> Any:
@@ -371,19 +425,22 @@ class LearnedPolicy:
 
     def _act(self, task: TaskSpec, machine: Machine, telemetry: Snapshot | None
              ) -> tuple[list[float], list[int], _Context]:
+        """Shares (one per device of ``machine``), the head choices and the
+        context they were computed in."""
         if not self.is_set:
             return self._act_flat(task, machine, telemetry)
         ctx = self._context(task, machine, telemetry)
         agent: SetPPOAgent = self.learner
         index = ctx.index
+        whole = workload(task).work(task, task.split_size)
         if self.use_mask:
-            device, heads = ctx.decoder.allowed(task)
+            device, heads = ctx.decoder.allowed(task, whole.footprint)
             heads = (*heads, None)
             usable = [i for i in index if device[i]]
         else:
             heads, usable = (None,) * len(HEADS), index
         if len(usable) == len(index):
-            z, y = self._forward(task, ctx)
+            z, y = self._forward(task, ctx, whole)
         else:  # a device too small for this task: the plain computation
             t, rows, _ = self.state(task, machine, telemetry)
             keep = [index.index(i) for i in usable]
@@ -393,48 +450,63 @@ class LearnedPolicy:
                    for s, allowed in zip(agent._slices, heads, strict=True)]
         h = agent.config.share_head
         c = 2 * (choices[h] if h >= 0 else 0)
-        p = waterfill_one(z[:, c].tolist(), z[:, c + 1].tolist())
+        log_time, log_fixed = z.T[c:c + 2].tolist()
+        p = waterfill_one(log_time, log_fixed)
         shares = [0.0] * machine.n
         for i, s in zip(usable, p, strict=True):
             shares[i] = s
         return shares, choices, ctx
 
-    def _forward(self, task: TaskSpec, ctx: _Context
+    def _forward(self, task: TaskSpec, ctx: _Context, whole: Any
                  ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`SetNet.forward_one` on the state of ``task`` with every
-        usable device, the task-independent parts taken from ``ctx``: the
-        same values up to rounding, in a fraction of the operations (into
-        buffers kept in ``ctx``: the next call overwrites them)."""
-        p = self.learner.actor.params
-        whole = workload(task).work(task, task.split_size)
+        usable device, from the folded weights and the buffers of ``ctx``
+        (:class:`_Context`): the same values up to rounding, in a fraction
+        of the operations (``whole``: the task's work as one shard).
+
+        Returns ``(z (k, P), y (Q,))``, fresh arrays (the buffers they were
+        computed in are overwritten by the next call).
+        """
+        (scale, compute, memory, three, split, pipe, logs, xt_terms, xt_ext, x,
+         g1_sum, g1_max, g2_sum, g2_max, g2_ext, g2_ext_col, h3_in) = ctx.views
         terms = task_terms(task, whole)
-        ext = ctx.ext
         c = TASK_FEATURES
-        ext[:c] = 0.0
+        ext = ctx.ext0.copy()  # a list: item assignment costs less
         encode_task(task, ext, whole)
-        ext[c - len(ctx.task_set):c] = ctx.task_set
         lf, lm, lfoot = task_logs(terms)
-        ext[c:c + 3] = (lf / 3.0, lm / 3.0, -lfoot / 3.0)
-        e = ext @ ctx.w_ext
-        a, b = ctx.split
-        dyn = task_device_columns(ctx.view, terms, ctx.cols, scaled=False).T
-        h1, h2, g = ctx.h1, ctx.h2, ctx.g
-        np.dot(dyn, ctx.w_dyn, out=h1)
+        ext[c], ext[c + 1], ext[c + 2] = lf / 3.0, lm / 3.0, -lfoot / 3.0
+        flops, traffic, b_in, b_out, fixed, _ = terms
+        scale[:] = (b_in, b_out, max(flops, 1.0), fixed, 0.0, 0.0,
+                    max(traffic, 1.0))
+        t = ctx.times
+        np.multiply(ctx.inv, ctx.scale, out=t)
+        t += ctx.lat
+        np.maximum(compute, memory, out=compute)
+        np.maximum.reduce(three, axis=0, out=pipe)  # max(t_in, t_out, compute)
+        np.add.reduce(three, axis=0, out=split)  # t_in + t_out + compute
+        np.log10(logs, out=xt_terms)
+        g2_ext[:] = ext
+        xt_ext[:] = g2_ext_col
+        h1 = ctx.h1
+        np.dot(x, ctx.w1x, out=h1)
         h1 += ctx.first
-        h1 += e[:a]
         np.tanh(h1, out=h1)
-        if ctx.v_mean is None:
-            h2 = h1
-        else:
-            np.dot(h1, p["W2"], out=h2)
-            h2 += h1.sum(axis=0) @ ctx.v_mean + h1.max(axis=0) @ ctx.v_max \
-                + p["b2"]
+        h2 = h1
+        if ctx.w2 is not None:
+            h2 = ctx.h2
+            np.add.reduce(h1, axis=0, out=g1_sum)
+            np.maximum.reduce(h1, axis=0, out=g1_max)
+            np.dot(h1, ctx.w2, out=h2)
+            h2 += ctx.v2t.dot(ctx.g1)
             np.tanh(h2, out=h2)
-        w = h2.shape[1]
-        np.add.reduce(h2, axis=0, out=g[:w])
-        np.maximum.reduce(h2, axis=0, out=g[w:])
-        y = np.tanh(g @ ctx.w3 + e[a:b]) @ p["Wy"] + p["by"]
-        z = h2 @ p["Wz"] + ctx.skip + (dyn @ ctx.ws_dyn + e[b:])
+        np.add.reduce(h2, axis=0, out=g2_sum)
+        np.maximum.reduce(h2, axis=0, out=g2_max)
+        np.dot(ctx.w3t, ctx.g2, out=h3_in)
+        np.tanh(h3_in, out=h3_in)
+        y = ctx.wyt.dot(ctx.h3)
+        z = np.dot(x, ctx.wzx)
+        z += ctx.skip
+        z += np.dot(h2, ctx.wz)
         return z, y
 
     def _act_flat(self, task: TaskSpec, machine: Machine,
@@ -510,20 +582,28 @@ def waterfill_one(log_time: Sequence[float], log_fixed: Sequence[float]
                   ) -> list[float]:
     """:func:`lib.learners.setnet.waterfill_forward` for one set of present
     devices, on a handful of floats: the shares that equalise finish times."""
-    rate = [math.exp(-min(max(a, -700.0), 700.0)) for a in log_time]
-    fixed = [math.exp(min(max(b, -700.0), 700.0)) for b in log_fixed]
+    exp = math.exp
+    # clip to [-700, 700] (a NaN stays NaN, as np.clip leaves it)
+    rate = [exp(-(700.0 if a > 700.0 else -700.0 if a < -700.0 else a))
+            for a in log_time]
+    fixed = [exp(700.0 if b > 700.0 else -700.0 if b < -700.0 else b)
+             for b in log_fixed]
     low = min(fixed)
     fixed = [f - low for f in fixed]  # relative: no cancellation in T - f
     order = sorted(range(len(rate)), key=fixed.__getitem__)
+    last = len(order) - 1
     big_r = big_f = 0.0
     t = math.inf
     for m, i in enumerate(order):
-        big_r += rate[i]
-        big_f += rate[i] * fixed[i]
+        r = rate[i]
+        big_r += r
+        big_f += r * fixed[i]
         t = (1.0 + big_f) / big_r
-        if m + 1 == len(order) or t <= fixed[order[m + 1]]:
+        if m == last or t <= fixed[order[m + 1]]:
             break
-    return [max(t - f, 0.0) * r for r, f in zip(rate, fixed, strict=True)]
+    # max(t - f, 0.0) * r, NaN kept
+    return [(0.0 if t - f < 0.0 else t - f) * r
+            for r, f in zip(rate, fixed, strict=True)]
 
 
 def _argmax(values: Sequence[float], allowed: Sequence[Any] | None) -> int:
