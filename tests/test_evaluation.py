@@ -87,8 +87,16 @@ def test_measured_rows_on_local_cpu():
     labels = {row.label for row in r.rows if row.accepted}
     assert labels == {"MEASURED (cpu)"}
     assert not r.to_markdown().startswith("> **Warning")
-    states = {row.state for row in r.rows}
-    assert states == {"idle", "busy"}
+    states = [row.state for row in r.rows]
+    assert list(dict.fromkeys(states)) == ["idle", "loaded-1", "loaded-2", "load-mid"]
+    # the induced load is there, and the telemetry the policies saw says so
+    cap = {s: [row.capacity[0] for row in r.rows if row.state == s] for s in states}
+    assert max(cap["loaded-2"]) < 0.6 and max(cap["loaded-1"]) < 0.75
+    half = len(cap["load-mid"]) // 2
+    assert min(cap["load-mid"][:half]) > max(cap["load-mid"][half:])
+    assert any("induced" in n for n in r.notes)
+    text = r.to_text()
+    assert "Speedup over equal split per state (MEASURED (cpu))" in text
 
 
 def test_no_optimum_leaves_out_the_oracle_and_says_t2_cannot_pass():

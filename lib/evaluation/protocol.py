@@ -15,10 +15,16 @@ runs :func:`evaluate` (this module):
    task's efficiency against the physical limit, and the targets T1-T7 of the
    design, each printed as ``T<n> PASS|FAIL <value> <bound>``.
 
-On the ``cpu`` backend the *busy* state is real: a spinning process is pinned to
-the first core while those tasks run, and the policies see it through
-``local_cpu_snapshot`` telemetry (MEASURED). On the model backend the busy state
-is a simulated utilisation.
+On the measured backends the device states are real and *induced*
+(:data:`INDUCED_STATES`): ``idle``; ``loaded-1`` and ``loaded-2``, one and two
+processes spinning on the first device's core (about 1/2 and 1/3 of it left for
+a shard of ours); and ``load-mid``, one spinning process that starts half-way
+through the state's tasks. The runtime is closed-loop, as in production:
+telemetry (``local_cpu_snapshot`` on the cpu backend, MEASURED, capacity-aware)
+is read afresh before each task, and every measured run feeds the history
+model, so the first decisions of a state, made before either has caught up,
+count with the rest. On the model backend the states are ``idle`` and ``busy``
+(a simulated utilisation of 70 % on the first device).
 
 Every row carries MEASURED or PREDICTED; the Markdown report opens with a
 warning block whenever anything in it is predicted.
@@ -27,8 +33,10 @@ warning block whenever anything in it is predicted.
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,47 +93,96 @@ def physical_limit(task: TaskSpec, machine: Machine,
 # --------------------------------------------------------------------------
 # Busy cores, for real
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    x = 0
-    while time.monotonic() < end:
-        x += 1
+#: The spinning process of :class:`CoreLoad`. It forks once more and the
+#: middle process exits, so the spinner is no descendant of ours: capacity
+#: telemetry counts it as it counts another user's process (our own process
+#: tree is ours, not contention). It pins itself to its core, prints its pid,
+#: and stops when its time is up or our process is gone.
+_SPINNER = """
+import os, sys, time
+parent, core, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if os.fork():
+    os._exit(0)
+os.setsid()
+if hasattr(os, "sched_setaffinity"):
+    try:
+        os.sched_setaffinity(0, {core})
+    except OSError:
+        pass
+print(os.getpid(), flush=True)
+os.close(1)
+os.close(2)
+end, n = time.monotonic() + seconds, 0
+while time.monotonic() < end:
+    n += 1
+    if n % 200000 == 0:
+        try:
+            os.kill(parent, 0)
+        except OSError:
+            break
+"""
 
 
 class CoreLoad:
-    """A spinning process pinned to one core: real background load."""
+    """``procs`` processes spinning on one core: real background load, from
+    processes that are not ours (``start`` and ``stop`` may also be called
+    directly, as ``load-mid`` does)."""
 
-    def __init__(self, core: int, seconds: float = 3600.0):
-        self.core, self.seconds = core, seconds
-        self.proc: Any = None
+    def __init__(self, core: int, seconds: float = 3600.0, procs: int = 1):
+        self.core, self.seconds, self.count = core, seconds, procs
+        self.pids: list[int] = []
 
-    def __enter__(self) -> CoreLoad:
-        ctx = mp.get_context("spawn")
-        self.proc = ctx.Process(target=_spin, args=(self.seconds,), daemon=True)
-        self.proc.start()
-        if hasattr(os, "sched_setaffinity"):
+    def start(self) -> None:
+        """Start the spinning processes (no-op if they run)."""
+        if self.pids:
+            return
+        for _ in range(self.count):
+            out = subprocess.run(
+                [sys.executable, "-c", _SPINNER, str(os.getpid()), str(self.core),
+                 str(self.seconds)], capture_output=True, text=True, timeout=30,
+                check=True)
+            self.pids.append(int(out.stdout.split()[0]))
+        time.sleep(0.3)
+
+    def stop(self) -> None:
+        """Kill the spinning processes and wait until they are gone."""
+        for pid in self.pids:
             try:
-                os.sched_setaffinity(self.proc.pid, {self.core})
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        time.sleep(0.3)
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{pid}") for pid in self.pids) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.pids = []
+
+    def __enter__(self) -> CoreLoad:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(5)
+        self.stop()
+
+
+#: The measured states: (name, spinning processes on the first device's core,
+#: fraction of the state's tasks done before they start).
+INDUCED_STATES: tuple[tuple[str, int, float], ...] = (
+    ("idle", 0, 0.0), ("loaded-1", 1, 0.0), ("loaded-2", 2, 0.0),
+    ("load-mid", 1, 0.5))
 
 
 # --------------------------------------------------------------------------
 # Running
 
 def _states(machine: Machine, backend: str) -> list[tuple[str, Snapshot | None]]:
-    """(name, telemetry) pairs; the busy state loads the first device."""
+    """(name, telemetry) pairs: on the model backend ``idle`` and ``busy`` (the
+    first device at 70 %); on a measured one :data:`INDUCED_STATES`, whose
+    telemetry is read live before each task (None here)."""
     if backend == "model":
         util = [0.7 if i == 0 else 0.0 for i in range(machine.n)]
         return [("idle", idle(machine)), ("busy", busy(machine, util))]
-    return [("idle", None), ("busy", None)]  # read live, under real load
+    return [(name, None) for name, _, _ in INDUCED_STATES]
 
 
 def evaluate(machine_name: str = "hetero-4", backend: str = "model",
@@ -161,21 +218,31 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
     if measured:
         runner = get_backend(backend, machine, seed=seed, repeats=repeats, warmup=1)
     rows: list[Row] = []
-    bar = _progress(progress, len(tasks) * 2 * len(policies), "evaluate")
+    states = _states(machine, backend)
+    bar = _progress(progress, len(tasks) * len(states) * len(policies), "evaluate")
+    if measured:
+        notes.append("states loaded-1, loaded-2 and load-mid are induced: "
+                     "processes spinning on the first device's core "
+                     f"({_core_of(0)}), as the two-GPU server's clock lock is "
+                     "induced")
     try:
-        for state, snap in _states(machine, backend):
-            load = CoreLoad(core=_core_of(0)) if (measured and state == "busy") \
-                else None
-            if load is not None:
-                load.__enter__()
+        for state, snap in states:
+            load = None
+            if measured:
+                procs, start_at = {n: (p, f) for n, p, f in INDUCED_STATES}[state]
+                load = CoreLoad(core=_core_of(0), procs=procs) if procs else None
             try:
-                if measured:
-                    snap = _live_snapshot(machine, backend)
+                late = None
+                if load is not None and start_at == 0:
+                    load.start()
+                elif load is not None:
+                    late = (load, int(len(tasks) * start_at))
                 rows += _run_state(machine, backend, runner, tasks, state, snap,
-                                   policies, bar, on_row, with_optimum)
+                                   policies, bar, on_row, with_optimum,
+                                   live=measured, late_load=late)
             finally:
                 if load is not None:
-                    load.__exit__()
+                    load.stop()
     finally:
         if runner is not None:
             runner.close()
@@ -222,10 +289,19 @@ def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
 
 
 def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
-               on_row, with_optimum: bool = True) -> list[Row]:
+               on_row, with_optimum: bool = True,
+               live: bool = False,
+               late_load: tuple[CoreLoad, int] | None = None) -> list[Row]:
+    """Every policy on every task in one state; ``live``: read the telemetry
+    afresh before each task (the closed loop of a measured state);
+    ``late_load``: a load and the index of the task it starts before."""
     params = params_for(machine.name)
     rows = []
-    for task in tasks:
+    for i, task in enumerate(tasks):
+        if late_load is not None and i == late_load[1]:
+            late_load[0].start()
+        if live:
+            snap = _live_snapshot(machine, backend)
         backend_obj = runner if runner is not None else get_backend(
             "model", machine, telemetry=snap, params=params)
         times: dict[str, tuple[float, float, bool, str, dict]] = {}
@@ -258,7 +334,9 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
             row = Row(policy=name, task=task, state=state,
                       seconds=seconds if accepted else equal, equal_seconds=equal,
                       optimum_seconds=opt, limit_seconds=limit, decide_us=decide_us,
-                      accepted=accepted, label=label, decision=dec_json)
+                      accepted=accepted, label=label, decision=dec_json,
+                      capacity=None if snap is None or snap.capacity is None
+                      else tuple(snap.capacity))
             rows.append(row)
             if on_row is not None:
                 on_row(row)

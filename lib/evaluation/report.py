@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lib.contract import KINDS, TaskSpec
+from lib.scoring import geomean
 
 #: the learned policy's name in the tables
 LEARNED = "rl-ppo"
@@ -32,6 +33,9 @@ class Row:
     accepted: bool
     label: str
     decision: dict[str, Any] = field(default_factory=dict)
+    capacity: tuple[float, ...] | None = None
+    """Each device's capacity as the telemetry the policies saw measured it
+    (None where it measured none)."""
 
     @property
     def speedup(self) -> float:
@@ -76,11 +80,19 @@ class EvalReport:
     def label(self) -> str:
         return f"{'MEASURED' if self.measured else 'PREDICTED'} ({self.backend})"
 
+    def per_state(self) -> dict[str, dict[str, float]]:
+        """Policy -> state -> geometric-mean speedup over equal split."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for r in self.rows:
+            out.setdefault(r.policy, {}).setdefault(r.state, []).append(r.speedup)
+        return {p: {s: geomean(v) for s, v in by.items()} for p, by in out.items()}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "machine": self.machine, "backend": self.backend, "budget": self.budget,
             "seed": self.seed, "label": self.label, "measured": self.measured,
             "seconds": self.seconds, "table4": self.table4,
+            "per_state": self.per_state(),
             "ablations": self.ablations, "transfer": self.transfer,
             "targets": [t.__dict__ | {"line": t.line()} for t in self.targets],
             "latency": self.latency, "notes": self.notes,
@@ -90,7 +102,8 @@ class EvalReport:
                       "limit_seconds": r.limit_seconds, "decide_us": r.decide_us,
                       "accepted": r.accepted, "label": r.label,
                       "efficiency": r.limit_seconds / r.seconds,
-                      "decision": r.decision} for r in self.rows],
+                      "decision": r.decision, "capacity": r.capacity}
+                     for r in self.rows],
         }
 
     def to_text(self) -> str:
@@ -113,6 +126,14 @@ class EvalReport:
                 + "".join(f"{t['per_kind'].get(k, math.nan):>12.2f}" for k in KINDS)
                 + f"{t['speedup']:>8.2f} {f'[{ci[0]:.2f}, {ci[1]:.2f}]':>15} "
                   f"{opt:>8} {t['decide_p50_us']:>8.0f}")
+        per_state = self.per_state()
+        states = list(dict.fromkeys(r.state for r in self.rows))
+        if len(states) > 1:
+            lines += ["", f"Speedup over equal split per state ({self.label})"]
+            lines.append(f"  {'policy':<18}" + "".join(f"{s:>11}" for s in states))
+            lines += [f"  {p:<18}" + "".join(f"{by.get(s, math.nan):>11.2f}"
+                                             for s in states)
+                      for p, by in per_state.items()]
         if self.ablations:
             lines += ["", "Ablations of the learned policy"]
             lines += [f"  {a['variant']:<22} speedup {a['speedup']:.2f}x  vs opt "

@@ -63,7 +63,9 @@ DEVICE_FIELDS: tuple[tuple[str, str], ...] = (
     ("log_host_bw", "(log10 of host link bandwidth in B/s - 10) / 2"),
     ("log_host_lat", "log10 of host link latency in s + 5"),
     ("cpu", "1 if the device is a CPU core, else 0"),
-    ("util", "live utilisation in [0, 1] (0 without telemetry)"),
+    ("util", "the share of the device a shard would not get now: 1 - capacity "
+             "where telemetry measured capacity, else the live utilisation "
+             "(0 without telemetry)"),
     ("free_frac", "free memory over total memory (1 without telemetry)"),
     ("peer_frac", "fraction of the other usable devices reachable peer to peer"),
     ("log_peer_bw", "mean over those links of (log10 bandwidth in B/s - 10) / 2"),
@@ -139,7 +141,11 @@ class MachineView:
         idx = self.index
         k = len(idx)
         devs = [machine.devices[i] for i in idx]
-        util = np.array([float(telemetry.utilisation[i]) if telemetry is not None
+        # What a shard of ours would get of each device: its capacity where
+        # telemetry measured it (a core shared with one spinning process is
+        # half free, though 100 % utilised), else 1 - utilisation. ``util``
+        # below is the share it would not get.
+        util = np.array([1.0 - 1.0 / telemetry.slowdown(i) if telemetry is not None
                          else 0.0 for i in idx])
         free = np.array([float(telemetry.free_bytes[i]) if telemetry is not None
                          else d.mem_bytes for i, d in zip(idx, devs, strict=True)])
