@@ -14,6 +14,7 @@ the book read without scraping output.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import shutil
@@ -108,6 +109,63 @@ def record(notebook: str, values: dict[str, Any], *, machine: str, backend: str,
 #    under ``_build/book-src/`` -- the sources in ``notebooks/`` stay clean;
 # 2. Jupyter Book 1.x builds ``_build/html`` from the staging copy with
 #    ``execute_notebooks: "off"``, warnings treated as errors. No network.
+
+class Table:
+    """Rows shown as an HTML table that fits the page (it scrolls inside its
+    own box when wider) in the book and JupyterLab, and as aligned text in a
+    terminal. Numbers are formatted by ``formats`` (column -> format spec)."""
+
+    def __init__(self, rows: list[dict[str, Any]], columns: list[str] | None = None,
+                 caption: str = "", formats: dict[str, str] | None = None):
+        self.columns = columns or list(dict.fromkeys(k for r in rows for k in r))
+        self.caption, self.formats = caption, formats or {}
+        self.cells = [[self._cell(c, r.get(c, "")) for c in self.columns]
+                      for r in rows]
+
+    def _cell(self, column: str, value: Any) -> str:
+        spec = self.formats.get(column)
+        if spec and isinstance(value, (int, float)):
+            return format(value, spec)
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return str(value)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th>{esc(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>"
+                       for row in self.cells)
+        cap = f"<caption>{esc(self.caption)}</caption>" if self.caption else ""
+        return (f'<div class="gpuhive-table" style="overflow-x:auto">'
+                f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+                "</table></div>")
+
+    def __repr__(self) -> str:
+        widths = [max([len(c)] + [len(row[i]) for row in self.cells])
+                  for i, c in enumerate(self.columns)]
+        lines = [self.caption] if self.caption else []
+        lines.append("  ".join(c.ljust(w) for c, w in zip(self.columns, widths,
+                                                           strict=True)))
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True))
+                  for row in self.cells]
+        return "\n".join(lines)
+
+
+class Banner:
+    """One line at the top of a page: the machine, backend and budget that
+    built it, and whether its numbers are MEASURED or PREDICTED."""
+
+    def __init__(self, machine: str, backend: str, budget: str, seed: int = 0):
+        kind = "MEASURED" if backend != "model" else "PREDICTED"
+        self.text = (f"This page was built on machine {machine} with the {backend} "
+                     f"backend ({kind} times), budget {budget}, seed {seed}.")
+
+    def _repr_markdown_(self) -> str:
+        return f"*{self.text}*"
+
+    def __repr__(self) -> str:
+        return self.text
+
 
 class BookError(RuntimeError):
     """A notebook failed or the HTML build reported warnings."""
