@@ -29,7 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,book,gpu,llm]'
-	$(BIN)/python -m ipykernel install --sys-prefix --name gpuhive --display-name "Python (GPUHive)" > /dev/null
+	@# ipykernel stages the spec in a temporary folder it does not remove: keep it in _build
+	@mkdir -p _build/tmp
+	TMPDIR=$(CURDIR)/_build/tmp $(BIN)/python -m ipykernel install --sys-prefix --name gpuhive --display-name "Python (GPUHive)" > /dev/null
+	@rm -rf _build/tmp
 	@touch $(STAMP)
 
 install venv: $(STAMP)

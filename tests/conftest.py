@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,14 +14,25 @@ from lib.platform.machines import load_machine
 _HOME: list[str] = []
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+
+
 def pytest_configure(config):
-    """Keep tests away from the user's calibration, keys and kernel cache."""
+    """Keep tests away from the user's calibration, keys and kernel cache, and
+    their ``tmp_path`` folders inside the project: one folder per session
+    under ``_build/`` (two sessions at once never share one), not ``/tmp``."""
     _HOME.append(tempfile.mkdtemp(prefix="gpuhive-test-home-"))
     os.environ["GPUHIVE_HOME"] = _HOME[-1]
+    if config.option.basetemp is None:
+        (_ROOT / "_build").mkdir(exist_ok=True)
+        config.option.basetemp = tempfile.mkdtemp(prefix="pytest-",
+                                                  dir=_ROOT / "_build")
+        _HOME.append(config.option.basetemp)
 
 
 def pytest_unconfigure(config):
-    """Leave nothing behind in /tmp: the test home goes with the session."""
+    """Leave nothing behind: the test home and the session's ``tmp_path``
+    folders go with the session."""
     while _HOME:
         shutil.rmtree(_HOME.pop(), ignore_errors=True)
 

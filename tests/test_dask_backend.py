@@ -460,3 +460,16 @@ def test_benchmark_runs_both_backends(fresh):
         assert row["ratio"] > 0 and isinstance(row["pass"], bool)
     lines = benchmark_lines(out)
     assert len(lines) == 3 and "MEASURED" in lines[0]
+
+
+def test_a_local_clusters_scratch_stays_in_the_home_and_a_dead_runs_is_reclaimed(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    dead = tmp_path / "dask" / "local-999999999-abc"
+    dead.mkdir(parents=True)
+    foreign = tmp_path / "dask" / "notes"
+    foreign.mkdir()
+    fresh = dc.local_scratch()
+    assert fresh.startswith(str(tmp_path / "dask" / f"local-{os.getpid()}-"))
+    assert not dead.exists() and foreign.exists()  # only a dead owner's goes
+    assert os.path.isdir(fresh)

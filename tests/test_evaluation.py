@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -93,7 +94,8 @@ def test_measured_rows_on_local_cpu():
     cap = {s: [row.capacity[0] for row in r.rows if row.state == s] for s in states}
     assert max(cap["loaded-2"]) < 0.6 and max(cap["loaded-1"]) < 0.75
     half = len(cap["load-mid"]) // 2
-    assert min(cap["load-mid"][:half]) > max(cap["load-mid"][half:])
+    assert statistics.median(cap["load-mid"][half:]) \
+        < statistics.median(cap["load-mid"][:half])
     assert any("induced" in n for n in r.notes)
     text = r.to_text()
     assert "Speedup over equal split per state (MEASURED (cpu))" in text

@@ -77,7 +77,7 @@ from lib.platform.machines import (
     local_cpu_machine,
 )
 from lib.platform.telemetry import Snapshot
-from lib.storage import characterisation_path
+from lib.storage import characterisation_path, gpuhive_home
 
 DASK_PREFIXES = ("dask://", "dask-local:")
 #: Prefix of a device name; the worker's address follows it.
@@ -465,7 +465,7 @@ def connect(spec: str, timeout: float = 30.0, gpu_workers: bool | None = None,
         scratch = ""
         try:
             if parsed.kind == "local":
-                scratch = tempfile.mkdtemp(prefix="gpuhive-dask-")
+                scratch = local_scratch()
                 # the scheduler's scratch space follows the configuration
                 with dask.config.set({"temporary-directory": scratch}):
                     local = distributed.LocalCluster(
@@ -527,6 +527,22 @@ def cluster_for(machine: Machine | str) -> DaskCluster:
         raise MachineError(f"machine {name} is not a Dask cluster "
                            "(dask://HOST:PORT or dask-local:N)")
     return connect(name)
+
+
+def local_scratch() -> str:
+    """A new scratch folder for a local cluster's scheduler and workers, under
+    ``$GPUHIVE_HOME/dask/`` and named after this process; folders of
+    processes that are gone (a run that was killed) are removed first."""
+    root = gpuhive_home() / "dask"
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob("local-*-*"):
+        try:
+            os.kill(int(old.name.split("-")[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except (ValueError, OSError):
+            pass  # not ours to judge: a name we did not write, another user's
+    return tempfile.mkdtemp(prefix=f"local-{os.getpid()}-", dir=root)
 
 
 def dask_machine(spec: str) -> Machine:

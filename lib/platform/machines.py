@@ -193,10 +193,7 @@ class Machine:
 
     @property
     def cluster(self) -> bool:
-        """Whether the devices are the workers of a Dask cluster: inputs are
-        generated on them (nothing crosses a host link on the way in), each
-        shard is a task the scheduler places, and a sum's ``p2p`` path is a
-        tree of adds over the links between workers."""
+        """Whether the devices are a Dask cluster's workers (see Eq. (1))."""
         return self.real_backends == ("dask",)
 
     def host_link(self, i: int) -> Link:
