@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lib.platform.dask_cluster import close_all
 from lib.platform.machines import load_machine
 
 _HOME: list[str] = []
@@ -32,7 +33,9 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     """Leave nothing behind: the test home and the session's ``tmp_path``
-    folders go with the session."""
+    folders go with the session (after the Dask clusters tests left open,
+    whose scratch lives in the home)."""
+    close_all()
     while _HOME:
         shutil.rmtree(_HOME.pop(), ignore_errors=True)
 

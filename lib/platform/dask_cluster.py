@@ -472,7 +472,10 @@ def connect(spec: str, timeout: float = 30.0, gpu_workers: bool | None = None,
                         n_workers=parsed.workers, threads_per_worker=1,
                         processes=True, host="127.0.0.1", dashboard_address=None,
                         worker_dashboard_address=None, protocol="tcp",
-                        local_directory=scratch)
+                        local_directory=scratch,
+                        # no dashboard; its health endpoint on any free port,
+                        # not 8787 (taken by a second cluster: a warning)
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
                 client = distributed.Client(local, timeout=timeout)
                 client.wait_for_workers(parsed.workers, timeout=timeout)
             else:
