@@ -26,8 +26,10 @@ from lib.platform.telemetry import (
     TelemetryError,
     busy,
     fair_share,
+    group_capacity,
     local_cpu_snapshot,
     own_pids,
+    weighted_share,
 )
 
 LINUX = hasattr(os, "sched_setaffinity") and os.path.exists("/proc/stat")
@@ -154,3 +156,38 @@ def test_our_own_children_are_not_contention():
     finally:
         child.kill()
         child.wait()
+
+
+def test_autogroups_share_a_core_between_sessions_first():
+    # core 0: one spinning thread of another session; our run uses cores 0, 1
+    one = group_capacity({0: {101: 1.0}}, {101: ("/autogroup-9", 1.0)}, [0, 1],
+                         ("/autogroup-1", 1.0))
+    # our session's weight is spread over two cores: 1/2 against 1 on core 0
+    assert one == pytest.approx((1 / 3, 1.0))
+    two = group_capacity({0: {101: 1.0, 102: 1.0}},
+                         {101: ("/autogroup-9", 1.0), 102: ("/autogroup-8", 1.0)},
+                         [0, 1], ("/autogroup-1", 1.0))
+    assert two == pytest.approx((1 / 5, 1.0))
+    # two threads of one other session count as one group: 1/2 against 1
+    same = group_capacity({0: {101: 1.0, 102: 1.0}},
+                          {101: ("/autogroup-9", 1.0), 102: ("/autogroup-9", 1.0)},
+                          [0, 1], ("/autogroup-1", 1.0))
+    assert same == pytest.approx((1 / 3, 1.0))
+    # a thread of our own session competes inside our group, not against it
+    ours = group_capacity({0: {101: 1.0}}, {101: ("/autogroup-1", 1.0)}, [0, 1],
+                          ("/autogroup-1", 1.0))
+    assert ours == pytest.approx((0.5, 1.0))
+    # a run on core 0 alone puts our whole weight there: 1 against 1
+    alone = group_capacity({0: {101: 1.0}}, {101: ("/autogroup-9", 1.0)}, [0],
+                           ("/autogroup-1", 1.0))
+    assert alone == pytest.approx((0.5,))
+    # a niced session weighs less (nice 5: 1.25 ** -5)
+    niced = group_capacity({0: {101: 1.0}}, {101: ("/autogroup-9", 1.25 ** -5)},
+                           [0, 1], ("/autogroup-1", 1.0))
+    assert niced[0] == pytest.approx(0.5 / (0.5 + 1.25 ** -5))
+
+
+def test_weighted_share_is_fair_share_with_equal_weights():
+    for demands in ([], [1.0], [1.0, 1.0], [0.3], [0.2, 0.9, 1.0]):
+        assert weighted_share(1.0, [(1.0, d) for d in demands]) \
+            == pytest.approx(fair_share(demands))

@@ -149,13 +149,20 @@ def test_runs_record_how_disturbed_they_were(smoke):
                              *d["others_after"].values()) for n in v)
 
 
-def test_disturbance_from_two_looks():
+@pytest.mark.parametrize("grouped, expected", [(False, 1 / 3), (True, 0.2)])
+def test_disturbance_from_two_looks(monkeypatch, grouped, expected):
     from lib.execution.characterise import _disturbance
+    from lib.platform import telemetry
 
-    got = _disturbance({"0": [11, 12], "1": []}, {"0": [12], "1": []})
+    monkeypatch.setattr(telemetry, "autogroups_enabled", lambda: grouped)
+    # processes 999991 and 999992 (gone: each its own group, weight 1)
+    got = _disturbance({"0": 0, "1": 1}, {11: (0, 999991), 12: (0, 999992)},
+                       {12: (0, 999992)})
     # thread 12 runnable in both looks (wants the core), 11 in one (half).
     assert got["before"] == {"0": 2, "1": 0} and got["after"] == {"0": 1, "1": 0}
-    assert got["capacity"]["0"] == pytest.approx(1 / 3)
+    # thread by thread: fair share against 1 and 1/2; by autogroup our
+    # session's weight is spread over both cores: 1/2 against 1 and 1/2
+    assert got["capacity"]["0"] == pytest.approx(expected)
     assert got["capacity"]["1"] == 1.0
 
 

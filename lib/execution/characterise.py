@@ -31,7 +31,7 @@ lands as scattered outliers the median discards, not as a bias on one size or
 kind. The load on the cores before and after is recorded too, and so is how
 disturbed each run was: the runnable threads of other processes on the cores
 it used, looked at just before and just after every timed run, and the
-capacity they left it (:func:`lib.platform.telemetry.fair_share`), under the
+capacity they left it (:func:`lib.platform.telemetry.capacity_of`), under the
 run record's ``disturbance``. Calibration predicts a run at that capacity
 (time / capacity), so a run taken under load still counts.
 
@@ -71,10 +71,10 @@ from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_second
 from lib.platform.machines import Machine, MachineError, load_machine
 from lib.platform.telemetry import (
     TelemetryError,
-    fair_share,
+    capacity_of,
     local_cpu_snapshot,
     own_pids,
-    runnable_threads,
+    runnable_look,
 )
 from lib.platform.workloads import workload
 from lib.storage import characterisation_path, write_json_atomic
@@ -364,24 +364,32 @@ def _cpu_seconds_busy() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
 
 
-def _others_on(cores: Mapping[str, int], pids: Sequence[int]) -> dict[str, list]:
-    """device -> thread ids of other processes runnable on its core, now."""
-    threads = runnable_threads(own_pids(pids))
-    return {d: sorted(t for t, c in threads.items() if c == core)
-            for d, core in cores.items()}
+def _others_on(cores: Mapping[str, int], pids: Sequence[int]
+               ) -> dict[int, tuple[int, int]]:
+    """One look now: tid -> (core, pid) of other processes' runnable threads."""
+    return runnable_look(own_pids(pids))
 
 
-def _disturbance(before: Mapping[str, list], after: Mapping[str, list]
-                 ) -> dict[str, Any]:
-    """Counts before and after, and the capacity they leave (fair share of
-    each thread's fraction of the two looks it was runnable in)."""
-    capacity = {}
-    for d in before:
-        tids = set(before[d]) | set(after[d])
-        capacity[d] = fair_share([((t in before[d]) + (t in after[d])) / 2
-                                  for t in tids])
-    return {"before": {d: len(v) for d, v in before.items()},
-            "after": {d: len(v) for d, v in after.items()}, "capacity": capacity}
+def _disturbance(cores: Mapping[str, int], before: Mapping[int, tuple[int, int]],
+                 after: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+    """Counts on each device's core before and after, and the capacity they
+    leave (:func:`~lib.platform.telemetry.capacity_of`, each thread runnable
+    for the fraction of the two looks it was seen in)."""
+    demand: dict[int, dict[int, float]] = {}
+    pids = {}
+    for look in (before, after):
+        for tid, (core, pid) in look.items():
+            row = demand.setdefault(core, {})
+            row[tid] = row.get(tid, 0.0) + 0.5
+            pids[tid] = pid
+    devices = list(cores)
+    caps = capacity_of(demand, pids, [cores[d] for d in devices])
+
+    def count(look: Mapping[int, tuple[int, int]], core: int) -> int:
+        return sum(1 for c, _ in look.values() if c == core)
+    return {"before": {d: count(before, cores[d]) for d in devices},
+            "after": {d: count(after, cores[d]) for d in devices},
+            "capacity": dict(zip(devices, caps, strict=True))}
 
 
 def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
@@ -404,7 +412,7 @@ def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
         others1 = _others_on(cores, pids)
         ours1, (busy1, total1) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
         if cores:
-            result.detail["disturbance"] = _disturbance(others0, others1)
+            result.detail["disturbance"] = _disturbance(cores, others0, others1)
         span = total1 - total0
         others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / span \
             if span > 0 else 0.0

@@ -14,8 +14,13 @@ else wants it: on a CPU core the runnable threads of other processes
 (``/proc/<pid>/task/<tid>/stat``), on a GPU the other compute processes NVML
 lists, each weighted by its recent SM time slice. Both turn into a share by
 :func:`fair_share` (max-min fair sharing: CFS for threads on a core, the time
-slicer for contexts on a GPU; a documented approximation: it ignores
-priorities, nice values, cache and memory-bandwidth interference). Sources that
+slicer for contexts on a GPU). Where the kernel schedules by autogroup (one
+group per session, the default on desktop Linux), CFS shares a core between
+sessions first, and a session's weight is spread over the cores it loads, so
+:func:`group_capacity` weighs each session: a shard of ours next to one
+process of another session gets 1/3 of the core, not 1/2, when our run also
+uses a second core (MEASURED here: 0.36). A documented approximation: it
+ignores per-thread nice values and cache and memory-bandwidth interference. Sources that
 cannot tell (idle, busy, simulated) leave ``capacity`` None, and the model is
 then exactly what it was.
 
@@ -190,6 +195,113 @@ def fair_share(demands: Sequence[float]) -> float:
     return min(1.0, max(MIN_CAPACITY, left / sharers))
 
 
+def weighted_share(ours: float, others: Sequence[tuple[float, float]]) -> float:
+    """Our share of a device shared by weighted entities, max-min fair.
+
+    We have weight ``ours`` and want all of the device; other entity ``j`` has
+    weight ``w_j`` and wants a fraction ``d_j`` of it (``others`` holds
+    ``(w_j, d_j)``). Fair sharing gives each entity ``w * L`` for one level
+    ``L``, or what it wants if that is less: ``ours L + sum(min(d_j, w_j L))
+    = 1``. With equal weights this is :func:`fair_share`.
+    """
+    live = sorted(((min(1.0, max(0.0, d)), w) for w, d in others if w > 0 and d > 0),
+                  key=lambda x: x[0] / x[1])
+    left, weight = 1.0, ours + sum(w for _, w in live)
+    for d, w in live:
+        if d > w * left / weight:
+            break
+        left -= d
+        weight -= w
+    return min(1.0, max(MIN_CAPACITY, ours * left / weight))
+
+
+def autogroups_enabled() -> bool:
+    """Whether the kernel schedules by autogroup (one group per session,
+    ``/proc/sys/kernel/sched_autogroup_enabled``): then a core is shared
+    between sessions first, and a session's weight is spread over the cores
+    where its threads run."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def autogroup_of(pid: int) -> tuple[str, float]:
+    """``(group, weight)`` of process ``pid`` from ``/proc/<pid>/autogroup``
+    (``/autogroup-17 nice 0``: CFS weight ``1.25 ** -nice``, 1 at nice 0); the
+    process alone, weight 1, where the file cannot be read."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as fh:
+            name, _, nice = fh.read().split()
+        return name, 1.25 ** -int(nice)
+    except (OSError, ValueError):
+        return f"pid-{pid}", 1.0
+
+
+def group_capacity(demand: Mapping[int, Mapping[int, float]],
+                   groups: Mapping[int, tuple[str, float]], mine: Sequence[int],
+                   own: tuple[str, float] = ("", 1.0)) -> tuple[float, ...]:
+    """Each of our devices' capacity under autogroup scheduling.
+
+    ``demand``: core -> {thread id: fraction of looks runnable} for the
+    threads of other processes on every core; ``groups``: thread id -> its
+    autogroup and weight; ``mine``: the core of each of our devices, one
+    worker each (a run over all of them: a run on fewer devices spreads our
+    session's weight over fewer cores and gets more); ``own``: our session's
+    autogroup and weight (other processes of our session compete inside it).
+
+    CFS shares a core between groups first: each group's weight there is its
+    weight times its share of the group's runnable load (ours: our workers
+    plus our session's other threads), and our group's time on a core is then
+    shared fairly between its threads there.
+    """
+    load: dict[str, float] = {own[0]: float(len(mine))}
+    per_core: dict[int, dict[str, float]] = {}
+    weight = {own[0]: own[1]}
+    for core, threads in demand.items():
+        for tid, d in threads.items():
+            g, w = groups[tid]
+            weight[g] = w
+            load[g] = load.get(g, 0.0) + d
+            row = per_core.setdefault(core, {})
+            row[g] = row.get(g, 0.0) + d
+    out = []
+    for core in mine:
+        workers = mine.count(core)
+        same = [d for t, d in demand.get(core, {}).items() if groups[t][0] == own[0]]
+        ours = own[1] * (workers + sum(same)) / load[own[0]]
+        others = [(weight[g] * d / load[g], d)
+                  for g, d in per_core.get(core, {}).items()
+                  if g != own[0] and load[g] > 0]
+        inside = fair_share(same + [1.0] * (workers - 1))
+        out.append(max(MIN_CAPACITY, weighted_share(ours, others) * inside))
+    return tuple(out)
+
+
+def capacity_of(demand: Mapping[int, Mapping[int, float]],
+                pids: Mapping[int, int], mine: Sequence[int],
+                grouped: bool | None = None) -> tuple[float, ...]:
+    """Our capacity on each core of ``mine`` from other processes' runnable
+    threads (``demand``: core -> {tid: fraction of looks runnable}, over every
+    core where ``grouped``; ``pids``: tid -> its process): by autogroup where
+    the kernel schedules so (:func:`group_capacity`), else thread by thread
+    (:func:`fair_share`)."""
+    if grouped is None:
+        grouped = autogroups_enabled()
+    if grouped:
+        owners = {pid: autogroup_of(pid) for pid in set(pids.values())}
+        return group_capacity(demand, {t: owners[p] for t, p in pids.items()},
+                              mine, autogroup_of(os.getpid()))
+    return tuple(fair_share(list(demand.get(c, {}).values())) for c in mine)
+
+
+def runnable_look(exclude: set[int]) -> dict[int, tuple[int, int]]:
+    """One look: tid -> (core, pid) of every runnable thread of a process not
+    in ``exclude`` (for callers that look before and after something)."""
+    return _runnable(exclude)
+
+
 def _stat_fields(path: str) -> list[str] | None:
     """Fields of a ``/proc/.../stat`` file after the command name (state is
     ``[0]``, ppid ``[1]``, processor ``[36]``); None if it vanished."""
@@ -229,7 +341,12 @@ def runnable_threads(exclude: set[int]) -> dict[int, int]:
     """One look at ``/proc``: thread id -> core, for every runnable (state R)
     thread of a process not in ``exclude``. The core is the ``processor``
     field, the core the thread last ran on."""
-    out: dict[int, int] = {}
+    return {tid: core for tid, (core, _) in _runnable(exclude).items()}
+
+
+def _runnable(exclude: set[int]) -> dict[int, tuple[int, int]]:
+    """:func:`runnable_threads` with each thread's process: tid -> (core, pid)."""
+    out: dict[int, tuple[int, int]] = {}
     try:
         pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
     except OSError:
@@ -244,7 +361,7 @@ def runnable_threads(exclude: set[int]) -> dict[int, int]:
         for tid in tids:
             fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
             if fields is not None and len(fields) > 36 and fields[0] == "R":
-                out[int(tid)] = int(fields[36])
+                out[int(tid)] = (int(fields[36]), pid)
     return out
 
 
@@ -254,16 +371,28 @@ def runnable_demand(cores: Sequence[int], exclude_pids: Sequence[int] = (),
     """core -> {thread id: fraction of ``samples`` looks it was runnable there},
     for the threads of other processes (:func:`own_pids` of ``exclude_pids``
     excluded), the looks spread evenly over ``interval`` seconds."""
+    return _looks(cores, exclude_pids, samples, interval)[0]
+
+
+def _looks(cores: Sequence[int] | None, exclude_pids: Sequence[int] = (),
+           samples: int = 5, interval: float = 0.1
+           ) -> tuple[dict[int, dict[int, float]], dict[int, int]]:
+    """:func:`runnable_demand` (on every core where ``cores`` is None) and the
+    process of each thread seen."""
     exclude = own_pids(exclude_pids)
     samples = max(1, int(samples))
-    counts: dict[int, dict[int, int]] = {c: {} for c in cores}
+    counts: dict[int, dict[int, int]] = {c: {} for c in cores or ()}
+    pids: dict[int, int] = {}
     for k in range(samples):
         if k:
             time.sleep(max(0.0, interval) / max(1, samples - 1))
-        for tid, core in runnable_threads(exclude).items():
-            if core in counts:
-                counts[core][tid] = counts[core].get(tid, 0) + 1
-    return {c: {t: n / samples for t, n in row.items()} for c, row in counts.items()}
+        for tid, (core, pid) in _runnable(exclude).items():
+            if cores is None or core in counts:
+                row = counts.setdefault(core, {})
+                row[tid] = row.get(tid, 0) + 1
+                pids[tid] = pid
+    return ({c: {t: n / samples for t, n in row.items()} for c, row in counts.items()},
+            pids)
 
 
 # --------------------------------------------------------------------------
@@ -635,8 +764,10 @@ def local_cpu_snapshot(machine: Machine, interval: float = 0.1,
                              "sched_getaffinity (Linux)")
     cores = sorted(os.sched_getaffinity(0))
     mine = [cores[i % len(cores)] for i in range(machine.n)]
+    grouped = autogroups_enabled()
     before = _proc_stat_times()
-    demand = runnable_demand(sorted(set(mine)), exclude_pids, samples, interval)
+    demand, pids = _looks(None if grouped else sorted(set(mine)), exclude_pids,
+                          samples, interval)
     after = _proc_stat_times()
     util = []
     for core in mine:
@@ -651,11 +782,13 @@ def local_cpu_snapshot(machine: Machine, interval: float = 0.1,
     looks = max(1, int(samples))
     how = (f"runnable threads of other processes on core {{core}} (state R, "
            f"/proc/<pid>/task/<tid>/stat), {looks} looks over {interval:g} s; "
-           "CFS fair share")
+           + ("CFS fair share between autogroups (sessions), each group's "
+              "weight spread over the cores it loads, ours over every device"
+              if grouped else "CFS fair share"))
+    capacity = capacity_of(demand, pids, mine, grouped)
     return Snapshot(source="local-cpu", utilisation=tuple(util),
                     free_bytes=(free,) * machine.n, healthy=(True,) * machine.n,
-                    measured=True,
-                    capacity=tuple(fair_share(list(demand[c].values()))
-                                   for c in mine),
+                    measured=True, capacity=capacity,
                     capacity_provenance=tuple(how.format(core=c) for c in mine),
-                    contenders=tuple(float(sum(demand[c].values())) for c in mine))
+                    contenders=tuple(float(sum(demand.get(c, {}).values()))
+                                     for c in mine))
