@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from lib.contract import TaskSpec, decision_from_weights
-from lib.costmodel.calibrate import calibrate, calibrate_machine
+from lib.costmodel.calibrate import calibrate, calibrate_machine, score_runs
 from lib.costmodel.fit import (
     _FastModel,
     _get,
@@ -231,3 +234,33 @@ def test_bad_recorded_capacity_is_refused_in_one_line(machine):
     run["disturbance"] = {"capacity": {"0": 1.5}}
     with pytest.raises(CalibrationError, match=r"run 0: capacity of device 0"):
         parse_runs([run], machine)
+
+
+def test_a_saved_calibration_is_scored_on_runs_taken_under_load(machine, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    quiet = tmp_path / "quiet.json"
+    quiet.write_text(json.dumps({"machine": "local-cpu",
+                                 "runs": synthetic_runs(machine, truth_params())}))
+    calibrate_machine("local-cpu", quiet)
+    # other runs, half of them taken at capacity 0.4 (and recorded so)
+    loaded = _loaded(machine, synthetic_runs(machine, truth_params(), seed=7))
+    got = score_runs("local-cpu", loaded, load_params("local-cpu"))
+    assert got["runs"] == len(loaded) and got["loaded_runs"] == len(loaded) // 2
+    assert got["loaded_median_ape_pct"] < 3.0 and got["median_ape_pct"] < 3.0
+    # the same loaded runs without their capacity: the model cannot know
+    blind = [{k: v for k, v in r.items() if k != "disturbance"} for r in loaded]
+    assert score_runs("local-cpu", blind, load_params("local-cpu"))[
+        "median_ape_pct"] > got["median_ape_pct"]
+    # and through the command line, one line each
+    path = tmp_path / "loaded.json"
+    path.write_text(json.dumps({"machine": "local-cpu", "runs": loaded}))
+    p = subprocess.run([sys.executable, "-m", "lib.cli", "calibrate", "--score",
+                        str(path)], capture_output=True, text=True,
+                       env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    assert f"({len(loaded) // 2} loaded)" in p.stdout and "median APE" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "lib.cli", "calibrate", "--machine",
+                        "hetero-4", "--score", str(path)], capture_output=True,
+                       text=True, env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
+    assert p.returncode == 2 and "no saved calibration of hetero-4" in p.stderr

@@ -34,16 +34,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="fraction of runs held out for scoring "
                         "(default: %(default)s)")
     add_seed(p, "split into fitted and held-out runs")
+    p.add_argument("--score", metavar="FILE",
+                   help="fit nothing: score the saved calibration of --machine on "
+                        "the runs of another characterisation FILE (e.g. one "
+                        "taken under load), every run held out")
     add_json(p)
     p.set_defaults(run=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fit and report; exit 0."""
+    """Fit and report (or, with ``--score``, score); exit 0."""
     from lib.costmodel.calibrate import CalibrationError, calibrate_machine
     from lib.storage import characterisation_path
 
+    if args.score:
+        return _score(args)
     # The runs file is read here first, with every input file's checks; the
     # fit reads it again (where it is missing, the fit says how to make it).
     runs = args.characterisation or characterisation_path(args.machine)
@@ -55,4 +61,34 @@ def run(args: argparse.Namespace) -> int:
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     emit(args, report.to_json(), report.summary())
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    """``--score FILE``: the saved calibration's error on FILE's runs."""
+    from lib.costmodel.calibrate import CalibrationError, score_runs
+    from lib.costmodel.parameters import load_params
+
+    obj = read_json(args.score, "characterisation")
+    if not isinstance(obj, dict) or not isinstance(obj.get("runs"), list):
+        raise UsageError(f"{args.score}: no 'runs' list (not a characterisation)")
+    try:
+        params = load_params(args.machine)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
+    if params is None:
+        raise UsageError(f"no saved calibration of {args.machine}; run: gpuhive "
+                         f"calibrate --machine {args.machine}")
+    try:
+        out = score_runs(args.machine, obj["runs"], params)
+    except CalibrationError as exc:
+        raise UsageError(f"{args.score}: {exc}") from None
+    loaded = out["loaded_median_ape_pct"]
+    text = (f"{params.source}, scored on {out['runs']} MEASURED runs of "
+            f"{args.score} ({out['loaded_runs']} loaded): median APE "
+            f"{out['median_ape_pct']:.1f} %, p90 {out['p90_ape_pct']:.1f} %, "
+            f"Spearman {out['spearman']:.3f}"
+            + (f"; loaded runs median APE {loaded:.1f} %" if loaded is not None
+               else ""))
+    emit(args, out, text)
     return 0

@@ -258,6 +258,31 @@ def _notes(report: CalibrationReport, uncertainty: Mapping[str, float]) -> list[
     return notes
 
 
+def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
+               params: CostParams) -> dict[str, Any]:
+    """The error of ``params`` (fitted before, on other runs) on measured
+    ``runs``, every one held out, each predicted at the capacity recorded
+    with it: median and p90 APE, Spearman, and how many runs were loaded
+    (a recorded capacity below 0.9 on a device they used)."""
+    machine = load_machine(machine)
+    parsed = parse_runs(runs, machine)
+    if not parsed:
+        raise CalibrationError("no measured runs to score")
+    pred = np.array([predict(r.task, r.decision, machine, r.snapshot(machine),
+                             params).total for r in parsed])
+    meas = np.array([r.seconds for r in parsed])
+    ape = ape_pct(pred, meas)
+    loaded = [i for i, r in enumerate(parsed)
+              if any((r.capacity or {}).get(g, 1.0) < 0.9 for g in r.decision.gpus)]
+    return {"machine": machine.name, "label": "MEASURED runs, PREDICTED times",
+            "params": params.source, "runs": len(parsed), "loaded_runs": len(loaded),
+            "median_ape_pct": float(np.median(ape)),
+            "p90_ape_pct": float(np.percentile(ape, 90)),
+            "loaded_median_ape_pct": float(np.median(ape[loaded])) if loaded
+            else None,
+            "spearman": spearman(pred, meas)}
+
+
 def calibrate_machine(machine_name: str,
                       characterisation_path_: str | Path | None = None,
                       json_out: bool = False, *, holdout: float = 0.3,
