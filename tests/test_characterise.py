@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 
@@ -173,3 +174,19 @@ def test_old_characterisation_without_disturbance_still_calibrates(smoke):
     old = [{k: v for k, v in r.items() if k != "disturbance"} for r in obj["runs"]]
     report = calibrate("local-cpu", old, seed=0)
     assert report.n_train > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux")
+def test_characterise_under_induced_load_records_the_capacity_it_left(tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    obj = characterise("local-cpu", "cpu", budget="smoke", seed=0, progress=False,
+                       out=tmp_path / "loaded.json", induce_load=1)
+    assert obj["induced_load"]["processes"] == 1
+    assert obj["disturbed_retries"]["count"] == 0  # kept, not redone
+    on_core0 = [r["disturbance"]["capacity"]["0"] for r in obj["runs"]
+                if "0" in r.get("disturbance", {}).get("capacity", {})]
+    assert on_core0 and statistics.median(on_core0) < 0.75
+    with pytest.raises(CharacterisationError, match="cpu backend only"):
+        characterise("dask-local:2", "dask", budget="smoke", progress=False,
+                     out=tmp_path / "x.json", induce_load=1)

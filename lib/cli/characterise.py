@@ -13,6 +13,7 @@ from lib.cli.common import (
     add_json,
     add_machine,
     add_seed,
+    count_type,
     emit,
 )
 
@@ -30,6 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_backend(p, measuring=True)
     add_budget(p)
     add_seed(p, "inputs and of the order of the runs")
+    p.add_argument("--induce-load", type=count_type, default=0, metavar="N",
+                   help="measure under load on purpose: N processes of another "
+                        "session spinning on the first device's core (cpu "
+                        "backend; then score a calibration on them with "
+                        "gpuhive calibrate --score FILE)")
     p.add_argument("--out", metavar="FILE", help="where to write the runs "
                    "(default: $GPUHIVE_HOME/characterisation/<machine>.json)")
     add_json(p)
@@ -44,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         obj = characterise(args.machine, args.backend, budget=args.budget,
                            seed=args.seed, progress=not args.json,
-                           out=Path(args.out) if args.out else None)
+                           out=Path(args.out) if args.out else None,
+                           induce_load=args.induce_load)
     except CharacterisationError as exc:
         raise UsageError(str(exc)) from None
     runs = obj.get("runs", [])

@@ -34,9 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +49,7 @@ from lib.evaluation.experiments import learned_policy, run_ablations, run_transf
 from lib.evaluation.report import LEARNED, EvalReport, Row
 from lib.evaluation.targets import targets
 from lib.execution import get_backend
+from lib.execution.load import CoreLoad
 from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import (
@@ -92,78 +90,6 @@ def physical_limit(task: TaskSpec, machine: Machine,
 
 # --------------------------------------------------------------------------
 # Busy cores, for real
-
-#: The spinning process of :class:`CoreLoad`. It forks once more and the
-#: middle process exits, so the spinner is no descendant of ours: capacity
-#: telemetry counts it as it counts another user's process (our own process
-#: tree is ours, not contention). It pins itself to its core, prints its pid,
-#: and stops when its time is up or our process is gone.
-_SPINNER = """
-import os, sys, time
-parent, core, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-if os.fork():
-    os._exit(0)
-os.setsid()
-if hasattr(os, "sched_setaffinity"):
-    try:
-        os.sched_setaffinity(0, {core})
-    except OSError:
-        pass
-print(os.getpid(), flush=True)
-os.close(1)
-os.close(2)
-end, n = time.monotonic() + seconds, 0
-while time.monotonic() < end:
-    n += 1
-    if n % 200000 == 0:
-        try:
-            os.kill(parent, 0)
-        except OSError:
-            break
-"""
-
-
-class CoreLoad:
-    """``procs`` processes spinning on one core: real background load, from
-    processes that are not ours (``start`` and ``stop`` may also be called
-    directly, as ``load-mid`` does)."""
-
-    def __init__(self, core: int, seconds: float = 3600.0, procs: int = 1):
-        self.core, self.seconds, self.count = core, seconds, procs
-        self.pids: list[int] = []
-
-    def start(self) -> None:
-        """Start the spinning processes (no-op if they run)."""
-        if self.pids:
-            return
-        for _ in range(self.count):
-            out = subprocess.run(
-                [sys.executable, "-c", _SPINNER, str(os.getpid()), str(self.core),
-                 str(self.seconds)], capture_output=True, text=True, timeout=30,
-                check=True)
-            self.pids.append(int(out.stdout.split()[0]))
-        time.sleep(0.3)
-
-    def stop(self) -> None:
-        """Kill the spinning processes and wait until they are gone."""
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 5
-        while any(os.path.exists(f"/proc/{pid}") for pid in self.pids) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.pids = []
-
-    def __enter__(self) -> CoreLoad:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 #: The measured states: (name, spinning processes on the first device's core,
 #: fraction of the state's tasks done before they start).

@@ -67,6 +67,7 @@ from lib.execution.characterisation_plans import (
 )
 from lib.execution.cpu import shm_root
 from lib.execution.dask_measure import characterise_network, network_record
+from lib.execution.load import CoreLoad
 from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_seconds
 from lib.platform.machines import Machine, MachineError, load_machine
 from lib.platform.telemetry import (
@@ -197,7 +198,8 @@ def _plan(machine: Machine, budget: CharacterisationPlan, seed: int) -> list[tup
 
 def characterise(machine_name: str, backend: str = "cpu", *, budget: str = "quick",
                  seed: int = 0, progress: bool = True,
-                 out: str | Path | None = None) -> dict[str, Any]:
+                 out: str | Path | None = None,
+                 induce_load: int = 0) -> dict[str, Any]:
     """Measure a real machine; write and return the characterisation.
 
     Args:
@@ -209,6 +211,10 @@ def characterise(machine_name: str, backend: str = "cpu", *, budget: str = "quic
         out: where to write the JSON; default
             :func:`lib.costmodel.calibrate.characterisation_path` of the machine
             (``$GPUHIVE_HOME/characterisation/<machine>.json``).
+        induce_load: processes spinning on the first device's core while
+            everything is measured (:class:`~lib.execution.load.CoreLoad`,
+            cpu backend only): runs taken under load on purpose, kept as they
+            are (not redone), each with the capacity it was left.
 
     Returns:
         The characterisation object (also written to ``out``); its ``path``
@@ -231,11 +237,27 @@ def characterise(machine_name: str, backend: str = "cpu", *, budget: str = "quic
     except BackendUnavailable as exc:
         raise CharacterisationError(f"cannot measure {machine.name} with backend "
                                     f"{backend}: {exc}") from None
-    started = time.time()
-    try:
-        obj = _measure(machine, backend, runner, plan_budget, budget, seed, progress)
-    finally:
+    if induce_load and backend != "cpu":
         runner.close()
+        raise CharacterisationError(f"--induce-load loads this computer's cores: "
+                                    f"the cpu backend only, not {backend}")
+    started = time.time()
+    load = CoreLoad(core_ids(machine)[0], procs=induce_load) if induce_load else None
+    try:
+        if load is not None:
+            load.start()
+        obj = _measure(machine, backend, runner, plan_budget, budget, seed, progress,
+                       retry=load is None)
+    finally:
+        if load is not None:
+            load.stop()
+        runner.close()
+    if load is not None:
+        obj["induced_load"] = {"processes": induce_load,
+                               "core": core_ids(machine)[0],
+                               "note": "processes of another session spinning on "
+                                       "the first device's core during every run "
+                                       "(induced); runs were not redone"}
     obj["elapsed"] = measured(time.time() - started, "s",
                               "wall-clock time of the whole characterisation")
     path = write_characterisation(obj, out)
@@ -255,7 +277,8 @@ def _background(machine: Machine) -> dict[str, Any] | None:
 
 
 def _measure(machine: Machine, backend: str, runner: Any, budget: CharacterisationPlan,
-             budget_name: str, seed: int, progress: bool) -> dict[str, Any]:
+             budget_name: str, seed: int, progress: bool,
+             retry: bool = True) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     plan = _plan(machine, budget, seed)
@@ -276,7 +299,7 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
                                     refresh=False)
                 results[i].append(_undisturbed_run(runner, task, dec,
                                                    verify and p == 0, disturbed,
-                                                   is_cpu))
+                                                   is_cpu, retry))
                 bar.update()
         runs = [_run_record(task, dec, results[i], purpose)
                 for i, (task, dec, purpose, _) in enumerate(plan)]
@@ -393,7 +416,7 @@ def _disturbance(cores: Mapping[str, int], before: Mapping[int, tuple[int, int]]
 
 
 def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
-                     disturbed: list[float], watch: bool) -> Any:
+                     disturbed: list[float], watch: bool, retry: bool = True) -> Any:
     """Run once; on the cpu backend, redo a run other processes disturbed,
     and record in ``result.detail["disturbance"]`` how disturbed the kept try
     was (:func:`_disturbance`)."""
@@ -416,7 +439,7 @@ def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
         span = total1 - total0
         others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / span \
             if span > 0 else 0.0
-        if others <= OTHERS_MAX or attempt == RETRIES:
+        if others <= OTHERS_MAX or attempt == RETRIES or not retry:
             return result
         disturbed.append(others)
     return result
