@@ -24,7 +24,13 @@ from lib.costmodel.fit import (
     spearman,
 )
 from lib.costmodel.model import default_params, predict
-from lib.costmodel.parameters import CalibrationError, load_params, save_params
+from lib.costmodel.parameters import (
+    CalibrationError,
+    load_params,
+    params_from_json,
+    params_to_json,
+    save_params,
+)
 from lib.platform.machines import load_machine
 from lib.storage import calibration_path
 
@@ -264,3 +270,31 @@ def test_a_saved_calibration_is_scored_on_runs_taken_under_load(machine, tmp_pat
                         "hetero-4", "--score", str(path)], capture_output=True,
                        text=True, env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
     assert p.returncode == 2 and "no saved calibration of hetero-4" in p.stderr
+
+
+def test_the_contention_exponent_is_fitted_from_runs_under_load(machine):
+    # runs whose loaded half got capacity ** 1.5 of their devices, not capacity
+    truth = params_with(truth_params(), [_Slot("contention", "cpu")], [1.5])
+    runs = synthetic_runs(machine, truth, noise=0.005)
+    for i, run in enumerate(runs):
+        if i % 2:
+            cap = 0.3 + 0.4 * ((i // 2) % 3) / 2  # 0.3, 0.5, 0.7
+            table = {str(g): cap for g in run["decision"]["gpus"]}
+            parsed = parse_runs([{**run, "disturbance": {"capacity": table}}],
+                                machine)[0]
+            exact = predict(parsed.task, parsed.decision, machine, None, truth).total
+            run["measured_seconds"] *= predict(
+                parsed.task, parsed.decision, machine, parsed.snapshot(machine),
+                truth).total / exact
+            run["disturbance"] = {"capacity": table}
+    report = calibrate(machine, runs, seed=0)
+    assert "contention[cpu]" in report.fitted
+    assert report.params.contention["cpu"] == pytest.approx(1.5, rel=0.1)
+    assert report.by_load["loaded"]["median_ape_pct"] < 3.0
+    # quiet runs alone say nothing of it: it is not fitted, and stays 1
+    quiet = calibrate(machine, synthetic_runs(machine, truth_params()), seed=0)
+    assert "contention[cpu]" not in quiet.fitted
+    assert quiet.params.contention.get("cpu", 1.0) == 1.0
+    # it travels with the saved parameters
+    again = params_from_json(params_to_json(report.params))
+    assert again.contention == report.params.contention

@@ -27,9 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "runs (from gpuhive characterise), save them, and report "
                     "the model's error on runs held out of the fit.")
     add_machine(p, default=LOCAL_MACHINE)
-    p.add_argument("--characterisation", metavar="FILE",
+    p.add_argument("--characterisation", metavar="FILE", action="append",
                    help="the measured runs (default: "
-                        "$GPUHIVE_HOME/characterisation/<machine>.json)")
+                        "$GPUHIVE_HOME/characterisation/<machine>.json); repeat "
+                        "to pool several, e.g. a quiet one and one taken with "
+                        "characterise --induce-load")
     p.add_argument("--holdout", type=finite_float(0.0, 1.0), default=0.3,
                    help="fraction of runs held out for scoring "
                         "(default: %(default)s)")
@@ -52,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return _score(args)
     # The runs file is read here first, with every input file's checks; the
     # fit reads it again (where it is missing, the fit says how to make it).
-    runs = args.characterisation or characterisation_path(args.machine)
-    if os.path.lexists(runs):
-        read_json(runs, "characterisation")
+    for runs in args.characterisation or [characterisation_path(args.machine)]:
+        if os.path.lexists(runs):
+            read_json(runs, "characterisation")
     try:
         report = calibrate_machine(args.machine, args.characterisation,
                                    holdout=args.holdout, seed=args.seed)

@@ -120,6 +120,9 @@ class CalibrationReport:
     per_kind: dict[str, dict[str, float]] = field(default_factory=dict)
     groups: dict[str, float] = field(default_factory=dict)
     heldout: list[dict[str, Any]] = field(default_factory=list)
+    by_load: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``quiet`` and ``loaded`` held-out runs apart (loaded: a recorded
+    capacity below 0.9 on a device the run used): count and median APE."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (NaN written as null)."""
@@ -136,7 +139,7 @@ class CalibrationReport:
             "fitted": list(self.fitted), "not_fitted": list(self.not_fitted),
             "uncertainty": dict(self.uncertainty), "per_kind": self.per_kind,
             "groups": self.groups, "params": params_to_json(self.params),
-            "heldout": self.heldout,
+            "heldout": self.heldout, "by_load": self.by_load,
         })
 
     def summary(self) -> str:
@@ -146,6 +149,10 @@ class CalibrationReport:
                  f"{self.n_heldout} {self.evaluated_on}",
                  f"  median APE {self.median_ape_pct:.1f} %   p90 APE "
                  f"{self.p90_ape_pct:.1f} %   Spearman {self.spearman:.3f}"]
+        if len(self.by_load) > 1:
+            lines.append("  " + "   ".join(
+                f"{name} ({row['n']:.0f} runs): median APE "
+                f"{row['median_ape_pct']:.1f} %" for name, row in self.by_load.items()))
         if self.warning:
             lines.append(f"  WARNING: {self.warning}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -210,6 +217,11 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
             ape_pct(pred[ix], meas[ix])))}
         for k in KINDS if (ix := [i for i in scored if parsed[i].task.kind == k])}
     report.groups = _group_bias(parsed, pred, meas)
+    for name, want in (("quiet", False), ("loaded", True)):
+        ix = [i for i in scored if _loaded(parsed[i]) is want]
+        if ix:
+            report.by_load[name] = {"n": len(ix), "median_ape_pct": float(
+                np.median(ape_pct(pred[ix], meas[ix])))}
     report.heldout = [{"task": parsed[i].task.to_json(),
                        "decision": parsed[i].decision.to_json(),
                        "measured_seconds": float(meas[i]),
@@ -258,6 +270,12 @@ def _notes(report: CalibrationReport, uncertainty: Mapping[str, float]) -> list[
     return notes
 
 
+def _loaded(run: MeasuredRun) -> bool:
+    """Whether the run was taken under load: a recorded capacity below 0.9 on
+    a device it used."""
+    return any((run.capacity or {}).get(g, 1.0) < 0.9 for g in run.decision.gpus)
+
+
 def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
                params: CostParams) -> dict[str, Any]:
     """The error of ``params`` (fitted before, on other runs) on measured
@@ -272,8 +290,7 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
                              params).total for r in parsed])
     meas = np.array([r.seconds for r in parsed])
     ape = ape_pct(pred, meas)
-    loaded = [i for i, r in enumerate(parsed)
-              if any((r.capacity or {}).get(g, 1.0) < 0.9 for g in r.decision.gpus)]
+    loaded = [i for i, r in enumerate(parsed) if _loaded(r)]
     return {"machine": machine.name, "label": "MEASURED runs, PREDICTED times",
             "params": params.source, "runs": len(parsed), "loaded_runs": len(loaded),
             "median_ape_pct": float(np.median(ape)),
@@ -284,34 +301,42 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
 
 
 def calibrate_machine(machine_name: str,
-                      characterisation_path_: str | Path | None = None,
+                      characterisation_path_: str | Path | Sequence[str | Path]
+                      | None = None,
                       json_out: bool = False, *, holdout: float = 0.3,
                       seed: int = 0) -> CalibrationReport | dict[str, Any]:
-    """Characterisation file -> fitted, scored and saved parameters.
+    """Characterisation file(s) -> fitted, scored and saved parameters.
 
     Args:
         machine_name: the machine (``local-cpu``).
         characterisation_path_: the JSON :func:`lib.execution.characterise.characterise`
-            wrote; default ``<home>/characterisation/<machine>.json``.
+            wrote, or several (e.g. one quiet and one taken under
+            ``--induce-load``: their runs are pooled); default
+            ``<home>/characterisation/<machine>.json``.
         json_out: return ``report.to_json()`` instead of the report object.
 
     Raises:
         CalibrationError: no characterisation file, or one for another machine.
     """
-    path = Path(characterisation_path_ or characterisation_path(machine_name))
-    if not path.is_file():
-        raise CalibrationError(f"no characterisation of {machine_name} at {path}; "
-                               f"run: gpuhive characterise --machine {machine_name}")
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(obj, Mapping) or "runs" not in obj:
-        raise CalibrationError(f"{path}: no 'runs' list (not a characterisation)")
-    if obj.get("machine", machine_name) != machine_name:
-        raise CalibrationError(f"{path} characterises {obj.get('machine')!r}, "
-                               f"not {machine_name!r}")
-    report = calibrate(load_machine(machine_name), obj["runs"], holdout=holdout,
-                       seed=seed)
+    given = characterisation_path_
+    paths = [Path(p) for p in (given if isinstance(given, (list, tuple)) else
+                               [given or characterisation_path(machine_name)])]
+    runs: list[Any] = []
+    for path in paths:
+        if not path.is_file():
+            raise CalibrationError(f"no characterisation of {machine_name} at "
+                                   f"{path}; run: gpuhive characterise --machine "
+                                   f"{machine_name}")
+        try:
+            obj = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
+        if not isinstance(obj, Mapping) or "runs" not in obj:
+            raise CalibrationError(f"{path}: no 'runs' list (not a characterisation)")
+        if obj.get("machine", machine_name) != machine_name:
+            raise CalibrationError(f"{path} characterises {obj.get('machine')!r}, "
+                                   f"not {machine_name!r}")
+        runs += list(obj["runs"])
+    report = calibrate(load_machine(machine_name), runs, holdout=holdout, seed=seed)
     save_params(machine_name, report.params, report)
     return report.to_json() if json_out else report

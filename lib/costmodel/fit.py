@@ -48,7 +48,8 @@ HUBER_K = 1.345
 #: Box on the fitted values (efficiencies are relative to profile peaks, which
 #: for CPU cores are estimates, so values above 1 are possible and honest).
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
-           "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3)}
+           "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
+           "contention": (0.5, 4.0)}
 
 
 
@@ -216,7 +217,8 @@ def holdout_split(runs: Sequence[MeasuredRun], holdout: float,
 class _Slot:
     """Where one fitted number lives in CostParams."""
 
-    table: str            # compute_eff / memory_eff / launch_s / link_scale
+    table: str            # compute_eff / memory_eff / launch_s / link_scale /
+                          # contention
     key: Any              # (device kind, kind) or device kind
 
     @property
@@ -232,6 +234,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.e_mem(*slot.key)
     if slot.table == "launch_s":
         return params.launch_s.get(slot.key, 5e-6)
+    if slot.table == "contention":
+        return params.contention.get(slot.key, 1.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -240,7 +244,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
     tables = {"compute_eff": dict(params.compute_eff),
               "memory_eff": dict(params.memory_eff),
               "launch_s": dict(params.launch_s),
-              "link_scale": dict(params.link_scale)}
+              "link_scale": dict(params.link_scale),
+              "contention": dict(params.contention)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, source=source or params.source,
@@ -264,6 +269,7 @@ class _FastModel:
             "flops", "traffic", "bin", "bout", "lat_in", "lat_out", "peak", "bw",
             "link_bw", "merge")}
         e_col, m_col, l_col, s_col, owner, self.slow = [], [], [], [], [], []
+        g_col: list[int] = []
         stretch: list[float] = []   # 1 / capacity the run had on the device
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
@@ -301,10 +307,12 @@ class _FastModel:
                 launch_key = launch_slot(machine, dev.kind)
                 l_col.append(index.get(_Slot("launch_s", launch_key), -1))
                 s_col.append(index.get(_Slot("link_scale", dev.kind), -1))
+                g_col.append(index.get(_Slot("contention", dev.kind), -1))
                 # Values of entries that are not fitted (never change).
                 for table, key in (("compute_eff", (dev.kind, task.kind)),
                                    ("memory_eff", (dev.kind, task.kind)),
-                                   ("launch_s", launch_key), ("link_scale", dev.kind)):
+                                   ("launch_s", launch_key), ("link_scale", dev.kind),
+                                   ("contention", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -317,6 +325,7 @@ class _FastModel:
         self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
+        self.g_col = np.asarray(g_col)
         self.owner = np.asarray(owner, int)
         self.defaults = {t: np.asarray(v, float) for t, v in fixed.items()}
         self.fast = [r for r in range(len(runs)) if r not in set(self.slow)]
@@ -341,7 +350,7 @@ class _FastModel:
             comp = np.maximum(c["flops"] / (c["peak"] * e),
                               c["traffic"] / (c["bw"] * em))
             if self.stretched:
-                comp = comp * self.stretch
+                comp = comp * self.stretch ** pick(self.g_col, d["contention"])
             t = (launch + c["lat_in"] + c["bin"] / bw + c["lat_out"] + c["bout"] / bw
                  + comp)
             out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge
@@ -363,6 +372,9 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
         slots += [_Slot("launch_s", launch_slot(machine, dk)),
                   _Slot("link_scale", dk)]
+        if any((r.capacity or {}).get(g, 1.0) < 1.0 for r in runs
+               for g in r.decision.gpus if machine.devices[g].kind == dk):
+            slots.append(_Slot("contention", dk))  # only runs under load tell
     return slots
 
 

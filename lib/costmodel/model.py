@@ -71,6 +71,10 @@ class CostParams:
             efficiencies of that device, learned from its measured history
             (:mod:`lib.costmodel.history`); absent entries mean 1. Not saved
             with the calibrated parameters: it is derived from the history.
+        contention: device kind -> exponent ``gamma`` on a device's slowdown
+            under contention: a shard gets ``capacity ** gamma`` of the device
+            (1, the default: the scheduler's fair share; fitted from runs
+            taken under load, where the share a shard really gets differs).
     """
 
     compute_eff: Mapping[tuple[str, str], float]
@@ -80,6 +84,7 @@ class CostParams:
     source: str = "default"
     fitted: tuple[str, ...] = ()
     device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
+    contention: Mapping[str, float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
         """Compute efficiency; a registered kind without its own takes that
@@ -180,12 +185,14 @@ def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
     Returns:
         ``(flops / (F_i e_k), bytes / (B_i e'_k))``, both stretched by
         :meth:`Snapshot.slowdown` (``1 / capacity`` where the snapshot measured
-        capacity, else ``1 / (1 - u)``) and divided by the device's learned
+        capacity, else ``1 / (1 - u)``) to the power ``params.contention``
+        of the device's kind, and divided by the device's learned
         correction where ``params.device_eff`` has one; the compute time is
         their maximum.
     """
     dev = machine.devices[i]
-    slow = telemetry.slowdown(i) if telemetry is not None else 1.0
+    slow = telemetry.slowdown(i) ** params.contention.get(dev.kind, 1.0) \
+        if telemetry is not None else 1.0
     if params.device_eff:
         slow /= params.device_eff.get((i, task.kind, task.dtype), 1.0)
     return (work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind))

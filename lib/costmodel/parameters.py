@@ -44,6 +44,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "memory_eff": nest(params.memory_eff),
             "launch_s": {k: float(v) for k, v in sorted(params.launch_s.items())},
             "link_scale": {k: float(v) for k, v in sorted(params.link_scale.items())},
+            "contention": {k: float(v) for k, v in sorted(params.contention.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -63,6 +64,9 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
                          for dk, row in obj[t].items() for k, v in row.items()}
         for t in ("launch_s", "link_scale"):
             tables[t] = {dk: number(v, f"{t}.{dk}") for dk, v in obj[t].items()}
+        # absent from files written before it was fitted: the fair share
+        tables["contention"] = {dk: number(v, f"contention.{dk}")
+                                for dk, v in obj.get("contention", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

@@ -260,8 +260,9 @@ class _Devices:
         self.concat = task.merge == "concat"
         devs = [machine.devices[i] for i in usable]
         links = [machine.host_link(i) for i in usable]
-        slow = np.array([telemetry.slowdown(i) if telemetry is not None else 1.0
-                         for i in usable])
+        slow = np.array([telemetry.slowdown(i) ** params.contention.get(
+            machine.devices[i].kind, 1.0) if telemetry is not None else 1.0
+            for i in usable])
         self.peak = np.array([d.peak_flops(task.dtype) * params.e(d.kind, task.kind)
                               for d in devs]) / slow
         self.bw_mem = np.array([d.mem_bw * params.e_mem(d.kind, task.kind)
