@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -15,19 +14,16 @@ from lib.platform.machines import load_machine
 _HOME: list[str] = []
 
 
-_ROOT = Path(__file__).resolve().parents[1]
-
-
 def pytest_configure(config):
     """Keep tests away from the user's calibration, keys and kernel cache, and
-    their ``tmp_path`` folders inside the project: one folder per session
-    under ``_build/`` (two sessions at once never share one), not ``/tmp``."""
+    give the session's ``tmp_path`` folders one temporary folder of its own
+    (two sessions at once never share one; outside the project, whose book
+    a test must not find above its folder), removed when the session ends,
+    instead of pytest's folders kept in ``/tmp`` after it."""
     _HOME.append(tempfile.mkdtemp(prefix="gpuhive-test-home-"))
     os.environ["GPUHIVE_HOME"] = _HOME[-1]
     if config.option.basetemp is None:
-        (_ROOT / "_build").mkdir(exist_ok=True)
-        config.option.basetemp = tempfile.mkdtemp(prefix="pytest-",
-                                                  dir=_ROOT / "_build")
+        config.option.basetemp = tempfile.mkdtemp(prefix="gpuhive-pytest-")
         _HOME.append(config.option.basetemp)
 
 
