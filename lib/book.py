@@ -18,10 +18,12 @@ from __future__ import annotations
 import html
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -259,8 +261,88 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise BookError(f"jupyter-book build failed:\n{tail}")
     out = root / "_build" / "html"
+    problems = page_problems(out, root)
+    if problems:
+        raise BookError(f"{len(problems)} page output(s) a reader should not see "
+                        "(the first ones):\n" + "\n".join(problems[:20]))
     print(f"book: {out / 'index.html'}")
     return out
+
+
+#: What no cell output on a page may show: an absolute path of this computer,
+#: a Python object's repr of a path, or a warning (a reader cannot act on it).
+OUTPUT_PROBLEMS = (
+    (re.compile(r"(?<![\w.])/(?:tmp|root|home|work|var|Users)/[\w.-]"),
+     "an absolute path"),
+    (re.compile(r"PosixPath\(|WindowsPath\("), "a path object's repr"),
+    (re.compile(r"\b\w*Warning\b[:(]|\bWARNING\b"), "a warning"),
+)
+#: Output lines longer than this run off the content column (plain-text
+#: outputs; tables are HTML and scroll inside their box).
+MAX_OUTPUT_CHARS = 100
+
+
+class _Outputs(HTMLParser):
+    """The text of every cell output (``div.cell_output``) of a page, and
+    apart from it the text of its ``pre`` blocks (plain-text outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0          # div nesting inside the current cell output
+        self.pre = 0            # pre nesting inside it
+        self.texts: list[str] = []
+        self.plain: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        classes = (dict(attrs).get("class") or "").split()
+        if self.depth:
+            self.depth += tag == "div"
+            if tag == "pre":
+                self.pre += 1
+                self.plain.append("")
+        elif tag == "div" and "cell_output" in classes:
+            self.depth, self.pre = 1, 0
+            self.texts.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.depth and tag == "div":
+            self.depth -= 1
+        elif self.pre and tag == "pre":
+            self.pre -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth:
+            self.texts[-1] += data
+            if self.pre:
+                self.plain[-1] += data
+
+
+def page_problems(html_dir: Path, root: Path | None = None) -> list[str]:
+    """``page: what`` for every cell output of the built book that shows an
+    absolute path, a path object, a warning (:data:`OUTPUT_PROBLEMS`), or a
+    text line wider than :data:`MAX_OUTPUT_CHARS`; empty when the pages are
+    clean. ``root``: the project folder, whose own path counts too."""
+    found = []
+    for page in sorted(Path(html_dir).rglob("*.html")):
+        if "_static" in page.parts or "_sources" in page.parts:
+            continue
+        parser = _Outputs()
+        parser.feed(page.read_text(errors="replace"))
+        name = page.relative_to(html_dir).as_posix()
+        for text in parser.texts:
+            for pattern, what in OUTPUT_PROBLEMS:
+                hit = pattern.search(text)
+                if hit:
+                    near = text[max(0, hit.start() - 30):hit.end() + 40]
+                    found.append(f"{name}: {what}: {near!r}")
+            if root is not None and str(root) in text:
+                found.append(f"{name}: the project's own path in an output")
+        for text in parser.plain:
+            wide = [line for line in text.splitlines() if len(line) > MAX_OUTPUT_CHARS]
+            if wide:
+                found.append(f"{name}: an output line of {len(wide[0])} characters: "
+                             f"{wide[0][:60]!r}...")
+    return found
 
 
 # --------------------------------------------------------------------------

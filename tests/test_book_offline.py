@@ -117,3 +117,39 @@ def test_the_built_book_loads_no_external_script():
                        if "math notranslate" in p.read_text(errors="replace")]
     for page in pages_with_math:
         assert MATHJAX in page.read_text(), page.relative_to(html)
+
+
+def test_page_problems_finds_paths_reprs_warnings_and_wide_lines(tmp_path):
+    from lib.book import page_problems
+
+    page = tmp_path / "notebooks" / "m01.html"
+    page.parent.mkdir()
+    clean = ('<div class="cell_output docutils container"><div class="output">'
+             '<pre>speedup 1.23x PREDICTED</pre></div></div>'
+             '<p>nothing is left in /tmp after make test</p>')  # prose: allowed
+    page.write_text(clean)
+    assert page_problems(tmp_path) == []
+    table = ('<div class="cell_output docutils container"><table>'
+             + "<tr><td>x</td></tr>" * 80 + "</table></div>")  # HTML: scrolls
+    page.write_text(clean + table)
+    assert page_problems(tmp_path) == []
+    for bad, what in (("written to /root/.gpuhive/x.json", "an absolute path"),
+                      ("PosixPath('_build/records')", "a path object's repr"),
+                      ("TqdmWarning: IProgress not found", "a warning"),
+                      ("x" * 120, "an output line of 120 characters")):
+        page.write_text(clean + '<div class="cell_output docutils container">'
+                        f"<pre>{bad}</pre></div>")
+        got = page_problems(tmp_path)
+        assert len(got) == 1 and what in got[0] and got[0].startswith(
+            "notebooks/m01.html: "), got
+    page.write_text('<div class="cell_output"><pre>at /srv/book/x</pre></div>')
+    assert "the project's own path" in page_problems(tmp_path, "/srv/book")[0]
+
+
+def test_the_built_book_shows_no_path_warning_or_wide_output():
+    html = ROOT / "_build" / "html"
+    if not (html / "index.html").is_file():
+        pytest.skip("the book is not built here (make book builds it)")
+    from lib.book import page_problems
+
+    assert page_problems(html, ROOT) == []
