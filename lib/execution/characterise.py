@@ -387,12 +387,6 @@ def _cpu_seconds_busy() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / tick, sum(ticks) / tick
 
 
-def _others_on(cores: Mapping[str, int], pids: Sequence[int]
-               ) -> dict[int, tuple[int, int]]:
-    """One look now: tid -> (core, pid) of other processes' runnable threads."""
-    return runnable_look(own_pids(pids))
-
-
 def _disturbance(cores: Mapping[str, int], before: Mapping[int, tuple[int, int]],
                  after: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
     """Counts on each device's core before and after, and the capacity they
@@ -429,10 +423,10 @@ def _undisturbed_run(runner: Any, task: TaskSpec, dec: Decision, verify: bool,
             return runner.run(task, dec, verify=verify)
         pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
         ours0, (busy0, total0) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
-        others0 = _others_on(cores, pids)
+        others0 = runnable_look(own_pids(pids))
         result = runner.run(task, dec, verify=verify)
         pids = [os.getpid()] + [w.pid for w in getattr(runner, "workers", [])]
-        others1 = _others_on(cores, pids)
+        others1 = runnable_look(own_pids(pids))
         ours1, (busy1, total1) = _cpu_seconds_ours(pids), _cpu_seconds_busy()
         if cores:
             result.detail["disturbance"] = _disturbance(cores, others0, others1)

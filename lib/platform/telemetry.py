@@ -296,12 +296,6 @@ def capacity_of(demand: Mapping[int, Mapping[int, float]],
     return tuple(fair_share(list(demand.get(c, {}).values())) for c in mine)
 
 
-def runnable_look(exclude: set[int]) -> dict[int, tuple[int, int]]:
-    """One look: tid -> (core, pid) of every runnable thread of a process not
-    in ``exclude`` (for callers that look before and after something)."""
-    return _runnable(exclude)
-
-
 def _stat_fields(path: str) -> list[str] | None:
     """Fields of a ``/proc/.../stat`` file after the command name (state is
     ``[0]``, ppid ``[1]``, processor ``[36]``); None if it vanished."""
@@ -341,11 +335,12 @@ def runnable_threads(exclude: set[int]) -> dict[int, int]:
     """One look at ``/proc``: thread id -> core, for every runnable (state R)
     thread of a process not in ``exclude``. The core is the ``processor``
     field, the core the thread last ran on."""
-    return {tid: core for tid, (core, _) in _runnable(exclude).items()}
+    return {tid: core for tid, (core, _) in runnable_look(exclude).items()}
 
 
-def _runnable(exclude: set[int]) -> dict[int, tuple[int, int]]:
-    """:func:`runnable_threads` with each thread's process: tid -> (core, pid)."""
+def runnable_look(exclude: set[int]) -> dict[int, tuple[int, int]]:
+    """One look: tid -> (core, pid) of every runnable thread of a process not
+    in ``exclude`` (:func:`runnable_threads` with each thread's process)."""
     out: dict[int, tuple[int, int]] = {}
     try:
         pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
@@ -386,7 +381,7 @@ def _looks(cores: Sequence[int] | None, exclude_pids: Sequence[int] = (),
     for k in range(samples):
         if k:
             time.sleep(max(0.0, interval) / max(1, samples - 1))
-        for tid, (core, pid) in _runnable(exclude).items():
+        for tid, (core, pid) in runnable_look(exclude).items():
             if cores is None or core in counts:
                 row = counts.setdefault(core, {})
                 row[tid] = row.get(tid, 0) + 1
