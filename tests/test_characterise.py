@@ -156,7 +156,9 @@ def test_disturbance_from_two_looks(monkeypatch, grouped, expected):
     from lib.platform import telemetry
 
     monkeypatch.setattr(telemetry, "autogroups_enabled", lambda: grouped)
-    # processes 999991 and 999992 (gone: each its own group, weight 1)
+    # processes 999991 and 999992, each in a session of its own, weight 1
+    monkeypatch.setattr(telemetry, "autogroup_of",
+                        lambda pid: (f"/autogroup-{pid}", 1.0))
     got = _disturbance({"0": 0, "1": 1}, {11: (0, 999991), 12: (0, 999992)},
                        {12: (0, 999992)})
     # thread 12 runnable in both looks (wants the core), 11 in one (half).

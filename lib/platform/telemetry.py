@@ -50,7 +50,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,16 +227,31 @@ def autogroups_enabled() -> bool:
         return False
 
 
-def autogroup_of(pid: int) -> tuple[str, float]:
+def autogroup_of(pid: int) -> tuple[str, float] | None:
     """``(group, weight)`` of process ``pid`` from ``/proc/<pid>/autogroup``
-    (``/autogroup-17 nice 0``: CFS weight ``1.25 ** -nice``, 1 at nice 0); the
-    process alone, weight 1, where the file cannot be read."""
+    (``/autogroup-17 nice 0``: CFS weight ``1.25 ** -nice``, 1 at nice 0);
+    None where the file cannot be read (the process ended, or this kernel or
+    container does not show it)."""
     try:
         with open(f"/proc/{pid}/autogroup") as fh:
             name, _, nice = fh.read().split()
         return name, 1.25 ** -int(nice)
     except (OSError, ValueError):
-        return f"pid-{pid}", 1.0
+        return None
+
+
+def session_groups(pids: Iterable[int]) -> dict[int, tuple[str, float]] | None:
+    """The autogroup of each process in ``pids`` and of this one
+    (:func:`autogroup_of`), or None if any of them cannot be read: a guess
+    for one process would put it in a group of its own and understate our
+    share, so the caller shares thread by thread instead."""
+    out: dict[int, tuple[str, float]] = {}
+    for pid in {*pids, os.getpid()}:
+        group = autogroup_of(pid)
+        if group is None:
+            return None
+        out[pid] = group
+    return out
 
 
 def group_capacity(demand: Mapping[int, Mapping[int, float]],
@@ -285,15 +300,22 @@ def capacity_of(demand: Mapping[int, Mapping[int, float]],
     """Our capacity on each core of ``mine`` from other processes' runnable
     threads (``demand``: core -> {tid: fraction of looks runnable}, over every
     core where ``grouped``; ``pids``: tid -> its process): by autogroup where
-    the kernel schedules so (:func:`group_capacity`), else thread by thread
-    (:func:`fair_share`)."""
+    the kernel schedules so and every group can be read
+    (:func:`group_capacity`), else thread by thread (:func:`fair_share`)."""
+    return _capacity(demand, pids, mine, grouped)[0]
+
+
+def _capacity(demand: Mapping[int, Mapping[int, float]], pids: Mapping[int, int],
+              mine: Sequence[int], grouped: bool | None = None
+              ) -> tuple[tuple[float, ...], bool]:
+    """:func:`capacity_of` and whether it shared by autogroup."""
     if grouped is None:
         grouped = autogroups_enabled()
-    if grouped:
-        owners = {pid: autogroup_of(pid) for pid in set(pids.values())}
-        return group_capacity(demand, {t: owners[p] for t, p in pids.items()},
-                              mine, autogroup_of(os.getpid()))
-    return tuple(fair_share(list(demand.get(c, {}).values())) for c in mine)
+    owners = session_groups(set(pids.values())) if grouped else None
+    if owners is not None:
+        return (group_capacity(demand, {t: owners[p] for t, p in pids.items()},
+                               mine, owners[os.getpid()]), True)
+    return tuple(fair_share(list(demand.get(c, {}).values())) for c in mine), False
 
 
 def _stat_fields(path: str) -> list[str] | None:
@@ -775,12 +797,13 @@ def local_cpu_snapshot(machine: Machine, interval: float = 0.1,
                     if total_ticks > 0 else 0.0)
     free = _mem_available_bytes() / machine.n
     looks = max(1, int(samples))
+    capacity, by_group = _capacity(demand, pids, mine, grouped)
     how = (f"runnable threads of other processes on core {{core}} (state R, "
            f"/proc/<pid>/task/<tid>/stat), {looks} looks over {interval:g} s; "
            + ("CFS fair share between autogroups (sessions), each group's "
               "weight spread over the cores it loads, ours over every device"
-              if grouped else "CFS fair share"))
-    capacity = capacity_of(demand, pids, mine, grouped)
+              if by_group else "CFS fair share between threads"
+              + (" (autogroups unreadable)" if grouped else "")))
     return Snapshot(source="local-cpu", utilisation=tuple(util),
                     free_bytes=(free,) * machine.n, healthy=(True,) * machine.n,
                     measured=True, capacity=capacity,
