@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -10,10 +11,14 @@ import pytest
 
 from lib.contract import KINDS
 from lib.evaluation import evaluate
-from lib.evaluation.protocol import physical_limit
+from lib.evaluation.protocol import _measure, physical_limit
+from lib.execution import get_backend
+from lib.platform.machines import load_machine
 from lib.platform.telemetry import busy
 from lib.platform.workloads import workload
 from lib.policies.oracle import optimum
+from lib.policies.registry import make_policy
+from lib.runtime import Agent
 from lib.scoring import bootstrap_ci, geomean, task_set
 
 
@@ -99,6 +104,55 @@ def test_measured_rows_on_local_cpu():
     assert any("induced" in n for n in r.notes)
     text = r.to_text()
     assert "Speedup over equal split per state (MEASURED (cpu))" in text
+    # policies that decided alike share the runs of that decision
+    seen: dict[tuple, float] = {}
+    for row in r.rows:
+        if row.accepted:
+            key = (row.state, json.dumps(row.task.to_json(), sort_keys=True),
+                   row.decision["config_hash"])
+            assert seen.setdefault(key, row.seconds) == row.seconds, key
+    assert len(seen) < sum(row.accepted for row in r.rows)
+
+
+class _Clock:
+    """A backend that times nothing: each run's 'seconds' is the next of a
+    given sequence, and every call is logged (warm-ups included)."""
+
+    name, measured = "clock", False
+
+    def __init__(self, machine, seconds):
+        self.model = get_backend("model", machine)
+        self.seconds, self.calls = list(seconds), []
+
+    def run(self, task, decision, *, verify=False):
+        result = self.model.run(task, decision)
+        self.calls.append(decision.config_hash)
+        return dataclasses.replace(result, metrics=dataclasses.replace(
+            result.metrics, total_seconds=self.seconds.pop(0)))
+
+    def close(self):
+        pass
+
+
+def test_measure_interleaves_rounds_and_shares_identical_decisions():
+    machine = load_machine("hetero-4")
+    task = task_set("model", "smoke", 0)[0]
+    # warm-ups (two distinct decisions), then three rounds of two runs
+    clock = _Clock(machine, [9.0, 9.0, 1.0, 2.0, 5.0, 3.0, 4.0, 6.0])
+    decided = {}
+    for name in ("equal", "proportional-peak", "equal-again"):
+        agent = Agent(policy=make_policy(name.removesuffix("-again"), 0),
+                      machine=machine, backend=clock)
+        decided[name] = (agent, agent.optimize(task), 1.0)
+    a = decided["equal"][1].config_hash
+    b = decided["proportional-peak"][1].config_hash
+    assert a != b and decided["equal-again"][1].config_hash == a
+    out = _measure(task, decided, clock, repeats=3, bar=None)
+    # warm-ups a, b; round 0: a, b; round 1 rotated: b, a; round 2: a, b
+    assert clock.calls == [a, b, a, b, b, a, a, b]
+    assert out[a][0] == 3.0          # median of 1, 3, 4
+    assert out[b][0] == 5.0          # median of 2, 5, 6
+    assert set(out) == {a, b}
 
 
 def test_no_optimum_leaves_out_the_oracle_and_says_t2_cannot_pass():

@@ -8,7 +8,13 @@ runs :func:`evaluate` (this module):
 2. every policy (the learned one and the seven baselines) decides each task
    through :class:`lib.runtime.Agent` -- policy, hash, Gate 1 -- and the decision
    runs on the chosen backend: the ``model`` backend PREDICTS, ``cpu`` (and
-   ``cuda``) MEASURE, with warm-ups and repeats (medians);
+   ``cuda``, ``dask``) MEASURE, with warm-ups and repeats (medians). On a
+   measured backend the runs of one task are interleaved: every distinct
+   decision of the task is warmed up once, then run once per round, the
+   rounds rotating the order, and policies that chose the same decision
+   share its runs (:func:`_measure`). Drift on a shared machine (another
+   user's job starting) then falls on every policy alike, and two policies
+   that decided alike get the same figure, not two draws of the noise;
 3. the results become Table 4 (policies x kinds: geometric-mean speedup over
    equal split with a bootstrap 95 % interval, ratio to the optimum, decision
    latency), the ablations of the learned policy, the transfer results, each
@@ -142,7 +148,8 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
         policies = {LEARNED: learned, **policies}
     runner = None
     if measured:
-        runner = get_backend(backend, machine, seed=seed, repeats=repeats, warmup=1)
+        # one timed run a call: _measure interleaves the repeats itself
+        runner = get_backend(backend, machine, seed=seed, repeats=1, warmup=0)
     rows: list[Row] = []
     states = _states(machine, backend)
     bar = _progress(progress, len(tasks) * len(states) * len(policies), "evaluate")
@@ -165,7 +172,7 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
                     late = (load, int(len(tasks) * start_at))
                 rows += _run_state(machine, backend, runner, tasks, state, snap,
                                    policies, bar, on_row, with_optimum,
-                                   live=measured, late_load=late)
+                                   live=measured, late_load=late, repeats=repeats)
             finally:
                 if load is not None:
                     load.stop()
@@ -217,10 +224,12 @@ def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
 def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
                on_row, with_optimum: bool = True,
                live: bool = False,
-               late_load: tuple[CoreLoad, int] | None = None) -> list[Row]:
+               late_load: tuple[CoreLoad, int] | None = None,
+               repeats: int = 1) -> list[Row]:
     """Every policy on every task in one state; ``live``: read the telemetry
     afresh before each task (the closed loop of a measured state);
-    ``late_load``: a load and the index of the task it starts before."""
+    ``late_load``: a load and the index of the task it starts before;
+    ``repeats``: rounds of :func:`_measure` on a measured backend."""
     params = params_for(machine.name)
     rows = []
     for i, task in enumerate(tasks):
@@ -230,27 +239,24 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
             snap = _live_snapshot(machine, backend)
         backend_obj = runner if runner is not None else get_backend(
             "model", machine, telemetry=snap, params=params)
-        times: dict[str, tuple[float, float, bool, str, dict]] = {}
+        decided: dict[str, tuple[Agent, Any, float]] = {}
         for name, policy in policies.items():
             agent = Agent(policy=policy, machine=machine, backend=backend_obj,
                           telemetry=snap)
             t0 = time.perf_counter()
             try:
                 decision = agent.optimize(task)
-                accepted = True
             except DecisionRejected:
-                decision, accepted = None, False
-            decide_us = (time.perf_counter() - t0) * 1e6
-            if accepted:
-                result = agent.execute(task, decision)
-                seconds = result.metrics.total_seconds
-                label = result.metrics.label
-                dec_json = decision.to_json()
+                decision = None
+            decided[name] = (agent, decision, (time.perf_counter() - t0) * 1e6)
+        measured = _measure(task, decided, runner, repeats, bar)
+        times: dict[str, tuple[float, float, bool, str, dict]] = {}
+        for name, (_, decision, decide_us) in decided.items():
+            if decision is not None:
+                seconds, label = measured[decision.config_hash]
+                times[name] = (seconds, decide_us, True, label, decision.to_json())
             else:  # a refused decision never runs; it costs the equal split
-                seconds, label, dec_json = math.nan, "REFUSED", {}
-            times[name] = (seconds, decide_us, accepted, label, dec_json)
-            if bar is not None:
-                bar.update(1)
+                times[name] = (math.nan, decide_us, False, "REFUSED", {})
         equal = times["equal"][0]
         opt = times["oracle"][0] if "oracle" in times else None
         if backend == "model" and with_optimum:
@@ -267,6 +273,43 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
+             runner: Any, repeats: int, bar: tqdm | None
+             ) -> dict[str, tuple[float, str]]:
+    """Run each distinct accepted decision of ``decided`` (policy -> (agent,
+    decision or None, decide_us)) and return config hash -> (seconds, label).
+
+    On the model backend (``runner`` None) one run each: a prediction does
+    not vary. On a measured one the runs are interleaved: one untimed warm-up
+    of each distinct decision, then ``repeats`` rounds, each running every
+    distinct decision once through its first chooser's agent (so the run
+    feeds the history as any execution does), the order rotated by one each
+    round; the figure is the median of a decision's rounds, shared by every
+    policy that chose it.
+    """
+    chooser: dict[str, tuple[Agent, Any]] = {}
+    for agent, decision, _ in decided.values():
+        if decision is not None and decision.config_hash not in chooser:
+            chooser[decision.config_hash] = (agent, decision)
+    order = list(chooser)
+    runs: dict[str, list[float]] = {key: [] for key in order}
+    labels: dict[str, str] = {}
+    rounds = 1 if runner is None else max(1, int(repeats))
+    if runner is not None:
+        for key in order:  # warm-up, untimed and not taught to the history
+            runner.run(task, chooser[key][1])
+    for r in range(rounds):
+        shift = r % len(order) if order else 0
+        for key in order[shift:] + order[:shift]:
+            agent, decision = chooser[key]
+            result = agent.execute(task, decision)
+            runs[key].append(result.metrics.total_seconds)
+            labels[key] = result.metrics.label
+    if bar is not None:
+        bar.update(len(decided))
+    return {key: (float(np.median(runs[key])), labels[key]) for key in order}
 
 
 def _table4(rows: list[Row], seed: int) -> list[dict[str, Any]]:
