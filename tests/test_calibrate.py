@@ -298,3 +298,43 @@ def test_the_contention_exponent_is_fitted_from_runs_under_load(machine):
     # it travels with the saved parameters
     again = params_from_json(params_to_json(report.params))
     assert again.contention == report.params.contention
+
+
+def _under_load(machine, runs, truth):
+    """Half of ``runs`` re-timed as if taken at capacity 0.3-0.7 of their
+    devices under ``truth``, the capacity recorded with them."""
+    for i, run in enumerate(runs):
+        if i % 2:
+            cap = 0.3 + 0.4 * ((i // 2) % 3) / 2  # 0.3, 0.5, 0.7
+            table = {str(g): cap for g in run["decision"]["gpus"]}
+            parsed = parse_runs([{**run, "disturbance": {"capacity": table}}],
+                                machine)[0]
+            exact = predict(parsed.task, parsed.decision, machine, None, truth).total
+            run["measured_seconds"] *= predict(
+                parsed.task, parsed.decision, machine, parsed.snapshot(machine),
+                truth).total / exact
+            run["disturbance"] = {"capacity": table}
+    return runs
+
+
+def test_the_scheduler_wait_is_fitted_from_runs_under_load(machine):
+    # a shard on a shared core waits 0.5 ms per unit of 1/c - 1 before it runs
+    truth = params_with(truth_params(), [_Slot("sched_wait", "cpu")], [5e-4])
+    runs = _under_load(machine, synthetic_runs(machine, truth, noise=0.005), truth)
+    parsed = parse_runs(runs, machine)
+    slots = slots_for(machine, parsed)
+    assert _Slot("sched_wait", "cpu") in slots
+    fast = _FastModel(parsed, machine, slots, default_params())
+    got = fast.predict(np.array([_get(truth, s) for s in slots]))
+    want = [predict(r.task, r.decision, machine, r.snapshot(machine), truth).total
+            for r in parsed]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    report = calibrate(machine, runs, seed=0)
+    assert "sched_wait[cpu]" in report.fitted
+    assert report.params.sched_wait["cpu"] == pytest.approx(5e-4, rel=0.15)
+    assert report.by_load["loaded"]["median_ape_pct"] < 3.0
+    # quiet runs alone leave it off, and the model without it has no wait
+    quiet = calibrate(machine, synthetic_runs(machine, truth_params()), seed=0)
+    assert "sched_wait[cpu]" not in quiet.fitted and not quiet.params.sched_wait
+    again = params_from_json(params_to_json(report.params))
+    assert again.sched_wait == report.params.sched_wait

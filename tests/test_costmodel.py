@@ -231,3 +231,32 @@ def test_the_optimum_on_a_cluster_is_priced_as_predict_prices_it():
     # a tiny task's time is the cluster's fixed cost of a decision
     tiny = optimum(TaskSpec("elementwise", {"N": 64}), m).prediction
     assert tiny.t_dispatch / tiny.total > 0.9
+
+
+def test_the_scheduler_wait_comes_once_per_shard_on_measured_shared_devices():
+    from lib.contract import decision_from_weights
+    from lib.costmodel.model import wait_seconds
+    from lib.platform.machines import load_machine
+    from lib.platform.telemetry import Snapshot, busy
+
+    machine = load_machine("local-cpu")
+    n = machine.n
+    params = _replace(default_params(), sched_wait={"cpu": 1e-3})
+    free = tuple(d.mem_bytes for d in machine.devices)
+    shared = Snapshot("x", (0.0,) * n, free, (True,) * n,
+                      capacity=(0.25,) + (1.0,) * (n - 1))
+    # 1 ms per unit of 1/c - 1: 3 ms at a quarter of the core, none at all of it
+    assert wait_seconds(machine, 0, params, shared) == pytest.approx(3e-3)
+    assert wait_seconds(machine, 1, params, shared) == 0.0
+    # utilisation alone, or no fitted wait: no wait
+    assert wait_seconds(machine, 0, params, busy(machine, [0.75] + [0.0] * (n - 1))) \
+        == 0.0
+    assert wait_seconds(machine, 0, default_params(), shared) == 0.0
+    task = TaskSpec("elementwise", {"N": 1 << 20})
+    for mode, chunk in (("split", 1 << 19), ("pipelined", 1 << 15)):
+        dec = _replace(
+            decision_from_weights(task, [0, 1], [0.5, 0.5]), mode=mode,
+            chunk=chunk).with_hash(task)
+        with_wait = predict(task, dec, machine, shared, params).devices[0]
+        without = predict(task, dec, machine, shared, default_params()).devices[0]
+        assert with_wait.t_launch - without.t_launch == pytest.approx(3e-3)

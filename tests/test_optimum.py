@@ -4,6 +4,8 @@ beats its PREDICTED time by more than rounding)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -13,7 +15,7 @@ from lib.contract import PIPELINE_CHUNKS, Decision, TaskSpec
 from lib.costmodel import default_params, predict
 from lib.costmodel.model import split_time_coefficients
 from lib.platform.machines import GPU_CATALOG, load_machine, machine_from_json
-from lib.platform.telemetry import busy, idle
+from lib.platform.telemetry import Snapshot, busy, idle
 from lib.platform.workloads import split_rows
 from lib.policies.baselines import BASELINES, EqualSplit, ProportionalToPeak
 from lib.policies.oracle import (
@@ -194,6 +196,42 @@ def test_vectorised_prices_are_the_model(task, machine, loaded):
         d = search.decision(row).with_hash(task)
         assert predict(task, d, machine, snap).total == pytest.approx(row[0],
                                                                       rel=1e-9)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tasks, machines(low=2, high=4))
+def test_vectorised_prices_include_the_scheduler_wait(task, machine):
+    """With a fitted scheduler wait and measured capacity, the search still
+    prices as :func:`predict` does (the wait once per shard)."""
+    params = replace(default_params(), sched_wait={"gpu": 2e-3, "cpu": 2e-3})
+    n = machine.n
+    snap = Snapshot("t", (0.0,) * n, tuple(d.mem_bytes for d in machine.devices),
+                    (True,) * n, capacity=(0.25,) + (1.0,) * (n - 1))
+    search = _Search(task, machine, snap, params)
+    assume(search.k and search.rmax.sum() >= search.n)
+    for path in search.paths():
+        masks, seeds = search.split(path)
+        search.pipelined(path, masks, seeds, counts=(2, 7))
+    for row in search.priced(keep=30):
+        d = search.decision(row).with_hash(task)
+        assert predict(task, d, machine, snap, params).total == pytest.approx(
+            row[0], rel=1e-9)
+
+
+def test_a_short_task_keeps_off_a_shared_device_that_makes_it_wait():
+    machine = load_machine("local-cpu")
+    n = machine.n
+    snap = Snapshot("t", (0.0,) * n, tuple(d.mem_bytes for d in machine.devices),
+                    (True,) * n, capacity=(0.2,) + (1.0,) * (n - 1))
+    params = replace(default_params(), sched_wait={"cpu": 1e-3})
+    short, long = TaskSpec("elementwise", {"N": 1 << 14}), \
+        TaskSpec("elementwise", {"N": 1 << 26})
+    # without the wait the shared core still takes its fifth of a short task
+    assert 0 in optimum(short, machine, snap).decision.gpus
+    assert 0 not in optimum(short, machine, snap, params).decision.gpus
+    # a long task still uses it: 4 ms of waiting is little beside its work
+    assert 0 in optimum(long, machine, snap, params).decision.gpus
 
 
 def test_pipelined_search_beats_split_shares_in_pipelined_mode(hetero4):

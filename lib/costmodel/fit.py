@@ -49,7 +49,10 @@ HUBER_K = 1.345
 #: for CPU cores are estimates, so values above 1 are possible and honest).
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
-           "contention": (0.5, 4.0)}
+           "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1)}
+#: Where the fit starts (and its prior is centred) for a term whose default is
+#: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice.
+_START = {"sched_wait": 1e-4}
 
 
 
@@ -218,7 +221,7 @@ class _Slot:
     """Where one fitted number lives in CostParams."""
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
-                          # contention
+                          # contention / sched_wait
     key: Any              # (device kind, kind) or device kind
 
     @property
@@ -236,6 +239,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.launch_s.get(slot.key, 5e-6)
     if slot.table == "contention":
         return params.contention.get(slot.key, 1.0)
+    if slot.table == "sched_wait":
+        return params.sched_wait.get(slot.key, 0.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -245,7 +250,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "memory_eff": dict(params.memory_eff),
               "launch_s": dict(params.launch_s),
               "link_scale": dict(params.link_scale),
-              "contention": dict(params.contention)}
+              "contention": dict(params.contention),
+              "sched_wait": dict(params.sched_wait)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, source=source or params.source,
@@ -270,6 +276,7 @@ class _FastModel:
             "link_bw", "merge")}
         e_col, m_col, l_col, s_col, owner, self.slow = [], [], [], [], [], []
         g_col: list[int] = []
+        w_col: list[int] = []
         stretch: list[float] = []   # 1 / capacity the run had on the device
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
@@ -308,11 +315,13 @@ class _FastModel:
                 l_col.append(index.get(_Slot("launch_s", launch_key), -1))
                 s_col.append(index.get(_Slot("link_scale", dev.kind), -1))
                 g_col.append(index.get(_Slot("contention", dev.kind), -1))
+                w_col.append(index.get(_Slot("sched_wait", dev.kind), -1))
                 # Values of entries that are not fitted (never change).
                 for table, key in (("compute_eff", (dev.kind, task.kind)),
                                    ("memory_eff", (dev.kind, task.kind)),
                                    ("launch_s", launch_key), ("link_scale", dev.kind),
-                                   ("contention", dev.kind)):
+                                   ("contention", dev.kind),
+                                   ("sched_wait", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -325,7 +334,7 @@ class _FastModel:
         self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
-        self.g_col = np.asarray(g_col)
+        self.g_col, self.w_col = np.asarray(g_col), np.asarray(w_col)
         self.owner = np.asarray(owner, int)
         self.defaults = {t: np.asarray(v, float) for t, v in fixed.items()}
         self.fast = [r for r in range(len(runs)) if r not in set(self.slow)]
@@ -351,6 +360,9 @@ class _FastModel:
                               c["traffic"] / (c["bw"] * em))
             if self.stretched:
                 comp = comp * self.stretch ** pick(self.g_col, d["contention"])
+                # the scheduler wait (lib.costmodel.model.wait_seconds)
+                launch = launch + pick(self.w_col, d["sched_wait"]) \
+                    * (self.stretch - 1.0)
             t = (launch + c["lat_in"] + c["bin"] / bw + c["lat_out"] + c["bout"] / bw
                  + comp)
             out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge
@@ -374,7 +386,8 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
                   _Slot("link_scale", dk)]
         if any((r.capacity or {}).get(g, 1.0) < 1.0 for r in runs
                for g in r.decision.gpus if machine.devices[g].kind == dk):
-            slots.append(_Slot("contention", dk))  # only runs under load tell
+            # only runs under load tell these
+            slots += [_Slot("contention", dk), _Slot("sched_wait", dk)]
     return slots
 
 
@@ -451,7 +464,7 @@ def fit_params(machine: Machine, runs: Sequence[MeasuredRun],
         raise CalibrationError("no runs to fit")
     fast = _FastModel(runs, machine, slots, base)
     measured = np.log([r.seconds for r in runs])
-    start = np.log([_get(base, s) for s in slots])
+    start = np.log([_get(base, s) or _START[s.table] for s in slots])
     lo = np.log([_BOUNDS[s.table][0] for s in slots])
     hi = np.log([_BOUNDS[s.table][1] for s in slots])
 

@@ -16,6 +16,12 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   utilisation (Eq. (1) as first written). Without telemetry, 1.
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
   latency.
+- ``t_launch`` holds the launch and, on a device shared with other processes
+  where telemetry measured its capacity, the wait for the scheduler
+  ``w_kind (1 / c_i - 1)`` once per shard: a worker woken on a core that
+  others keep busy may wait for their time slices before it runs, which
+  matters to a short shard and not to a long one. ``w_kind`` is 0 until a
+  calibration fits it from runs taken under load (``sched_wait``).
 - ``pipelined`` mode cuts a shard into ``c = ceil(r_i / chunk)`` chunks; the
   three stages (copy in, compute, copy out) overlap, so the shard takes
   ``a + b + o + (c - 1) max(a, b, o) + c t_launch`` with a, b, o per-chunk stage
@@ -75,6 +81,10 @@ class CostParams:
             under contention: a shard gets ``capacity ** gamma`` of the device
             (1, the default: the scheduler's fair share; fitted from runs
             taken under load, where the share a shard really gets differs).
+        sched_wait: device kind -> seconds ``w`` a shard waits for the
+            scheduler on a device whose measured capacity ``c`` is below 1,
+            per unit of ``1 / c - 1`` (0, the default: no wait; fitted from
+            runs taken under load).
     """
 
     compute_eff: Mapping[tuple[str, str], float]
@@ -85,6 +95,7 @@ class CostParams:
     fitted: tuple[str, ...] = ()
     device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
     contention: Mapping[str, float] = field(default_factory=dict)
+    sched_wait: Mapping[str, float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
         """Compute efficiency; a registered kind without its own takes that
@@ -229,7 +240,8 @@ def split_time_coefficients(task: TaskSpec, machine: Machine, i: int,
     dev = machine.devices[i]
     link = machine.host_link(i)
     bw = link.bandwidth * params.link_scale.get(dev.kind, 1.0)
-    launch = launch_seconds(machine, i, params)
+    launch = launch_seconds(machine, i, params) \
+        + wait_seconds(machine, i, params, telemetry)
     inputs = 0.0 if machine.cluster else 1.0
 
     def parts(rows: int) -> tuple[float, float, float]:
@@ -250,6 +262,18 @@ def launch_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT) -> f
     if machine.cluster:
         return params.launch_s.get("dask-task", 1e-4)
     return params.launch_s.get(machine.devices[i].kind, 5e-6)
+
+
+def wait_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT,
+                 telemetry: Snapshot | None = None) -> float:
+    """A shard's wait for the scheduler on device i: ``w (1 / c - 1)`` where
+    telemetry measured the device's capacity ``c`` and the calibration
+    fitted ``w`` for its kind; 0 otherwise (utilisation alone says nothing
+    of time slices)."""
+    if telemetry is None or telemetry.capacity is None or not params.sched_wait:
+        return 0.0
+    w = params.sched_wait.get(machine.devices[i].kind, 0.0)
+    return w * (1.0 / max(telemetry.capacity[i], 1e-6) - 1.0) if w else 0.0
 
 
 def dispatch_seconds(machine: Machine, params: CostParams = _DEFAULT) -> float:
@@ -297,6 +321,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
             continue
         out_bytes = 0.0 if merge_on_device else work.bytes_out
         launch = launch_seconds(machine, dev_index, params)
+        wait = wait_seconds(machine, dev_index, params, telemetry)
         t_comp = compute_seconds(task, work, machine, dev_index, params, telemetry)
         chunks = 1
         if decision.mode == "pipelined" and not machine.cluster:
@@ -306,7 +331,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
                 transfer_seconds(work.bytes_in, bw, link.latency)
             t_out = transfer_seconds(out_bytes, bw, link.latency)
             parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
-                                    launch, t_in, t_comp, t_out, 1))
+                                    launch + wait, t_in, t_comp, t_out, 1))
             continue
         # Pipelined: fixed inputs first, then c chunks through three stages.
         t_fixed = transfer_seconds(work.bytes_in_fixed, bw, link.latency)
@@ -322,7 +347,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
         if task.merge == "sum":
             t_o = transfer_seconds(out_bytes, bw, link.latency)
         parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
-                                chunks * launch, t_in, t_c, t_o, chunks))
+                                chunks * launch + wait, t_in, t_c, t_o, chunks))
     t_merge = merge_seconds(task, decision, machine, params, parts)
     t_dispatch = dispatch_seconds(machine, params)
     total = max(p.total for p in parts) + t_merge + t_dispatch

@@ -45,6 +45,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "launch_s": {k: float(v) for k, v in sorted(params.launch_s.items())},
             "link_scale": {k: float(v) for k, v in sorted(params.link_scale.items())},
             "contention": {k: float(v) for k, v in sorted(params.contention.items())},
+            "sched_wait": {k: float(v) for k, v in sorted(params.sched_wait.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -67,6 +68,9 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # absent from files written before it was fitted: the fair share
         tables["contention"] = {dk: number(v, f"contention.{dk}")
                                 for dk, v in obj.get("contention", {}).items()}
+        # absent likewise: no wait for the scheduler
+        tables["sched_wait"] = {dk: number(v, f"sched_wait.{dk}")
+                                for dk, v in obj.get("sched_wait", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

@@ -63,6 +63,7 @@ from lib.costmodel.model import (
     launch_seconds,
     predict,
     split_time_coefficients,
+    wait_seconds,
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
@@ -271,6 +272,9 @@ class _Devices:
                             for lk, d in zip(links, devs, strict=True)])
         self.lat = np.array([lk.latency for lk in links])
         self.launch = np.array([launch_seconds(machine, i, params) for i in usable])
+        #: the scheduler wait, once per shard however many chunks it has
+        self.wait = np.array([wait_seconds(machine, i, params, telemetry)
+                              for i in usable])
         # On a Dask cluster the inputs are generated on the workers.
         self.inputs = 0.0 if machine.cluster else 1.0
 
@@ -310,7 +314,8 @@ class _Devices:
         if keep.ndim:
             keep = keep[..., None]
         b_out = (self.out0 + self.out1 * r) * keep
-        split = self.launch + self._xfer(b_rows + b_fix) + comp + self._xfer(b_out)
+        split = self.launch + self.wait + self._xfer(b_rows + b_fix) + comp \
+            + self._xfer(b_out)
         if not pipelined:
             return np.where(pos, split, 0.0)
         size = np.maximum(np.asarray(chunk, dtype=np.float64), 1.0)
@@ -321,7 +326,7 @@ class _Devices:
         a = self._xfer(b_rows / c)
         b = comp / c
         o = self._xfer(b_out / c) if self.concat else np.zeros_like(a)
-        t = c * self.launch + self._xfer(b_fix) + a + b + o \
+        t = c * self.launch + self.wait + self._xfer(b_fix) + a + b + o \
             + (c - 1.0) * np.maximum(np.maximum(a, b), o)
         if not self.concat:
             t = t + self._xfer(b_out)
