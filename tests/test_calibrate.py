@@ -338,3 +338,24 @@ def test_the_scheduler_wait_is_fitted_from_runs_under_load(machine):
     assert "sched_wait[cpu]" not in quiet.fitted and not quiet.params.sched_wait
     again = params_from_json(params_to_json(report.params))
     assert again.sched_wait == report.params.sched_wait
+
+
+def test_the_hosts_cost_per_shard_is_fitted_from_runs_on_one_and_two_devices(machine):
+    truth = params_with(truth_params(), [_Slot("host_s", "cpu")], [1.5e-4])
+    runs = synthetic_runs(machine, truth, noise=0.005)
+    parsed = parse_runs(runs, machine)
+    slots = slots_for(machine, parsed)
+    assert _Slot("host_s", "cpu") in slots
+    fast = _FastModel(parsed, machine, slots, default_params())
+    got = fast.predict(np.array([_get(truth, s) for s in slots]))
+    want = [predict(r.task, r.decision, machine, None, truth).total for r in parsed]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    report = calibrate(machine, runs, seed=0)
+    assert "host_s[cpu]" in report.fitted
+    assert report.params.host_s["cpu"] == pytest.approx(1.5e-4, rel=0.2)
+    assert report.median_ape_pct < 3.0
+    # runs on one device each cannot tell it from the launch: not fitted
+    single = [r for r in runs if len(r["decision"]["gpus"]) == 1]
+    assert "host_s[cpu]" not in calibrate(machine, single, seed=0).fitted
+    again = params_from_json(params_to_json(report.params))
+    assert again.host_s == report.params.host_s

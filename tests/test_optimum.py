@@ -234,6 +234,37 @@ def test_a_short_task_keeps_off_a_shared_device_that_makes_it_wait():
     assert 0 in optimum(long, machine, snap, params).decision.gpus
 
 
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tasks, machines(low=2, high=4))
+def test_vectorised_prices_include_the_hosts_cost_per_shard(task, machine):
+    """With a fitted host cost per shard the search prices subsets as
+    :func:`predict` does (the cost of every device with rows)."""
+    params = replace(default_params(), host_s={"gpu": 3e-4, "cpu": 3e-4})
+    search = _Search(task, machine, None, params)
+    assume(search.k and search.rmax.sum() >= search.n)
+    assert search.per_set
+    for path in search.paths():
+        masks, seeds = search.split(path)
+        search.pipelined(path, masks, seeds, counts=(2, 7))
+    for row in search.priced(keep=30):
+        d = search.decision(row).with_hash(task)
+        assert predict(task, d, machine, None, params).total == pytest.approx(
+            row[0], rel=1e-9)
+
+
+def test_a_tiny_task_stays_on_one_device_when_each_shard_costs_the_host():
+    machine = load_machine("local-cpu")
+    tiny, big = TaskSpec("elementwise", {"N": 1 << 12}), \
+        TaskSpec("elementwise", {"N": 1 << 26})
+    params = replace(default_params(), host_s={"cpu": 1.5e-4})
+    assert len(optimum(tiny, machine).decision.gpus) == machine.n
+    assert len(optimum(tiny, machine, None, params).decision.gpus) == 1
+    assert len(optimum(big, machine, None, params).decision.gpus) == machine.n
+    pred = optimum(big, machine, None, params).prediction
+    assert pred.t_host == pytest.approx(machine.n * 1.5e-4)
+
+
 def test_pipelined_search_beats_split_shares_in_pipelined_mode(hetero4):
     """The pipelined optimum is a joint search: no chunk count of the
     policy's vocabulary over the split-mode optimum's shares (the old

@@ -49,10 +49,12 @@ HUBER_K = 1.345
 #: for CPU cores are estimates, so values above 1 are possible and honest).
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
-           "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1)}
+           "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
+           "host_s": (1e-8, 1.0)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
-#: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice.
-_START = {"sched_wait": 1e-4}
+#: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice;
+#: the host's cost of a shard at 10 us, a message to a worker and back.
+_START = {"sched_wait": 1e-4, "host_s": 1e-5}
 
 
 
@@ -221,7 +223,7 @@ class _Slot:
     """Where one fitted number lives in CostParams."""
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
-                          # contention / sched_wait
+                          # contention / sched_wait / host_s
     key: Any              # (device kind, kind) or device kind
 
     @property
@@ -241,6 +243,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.contention.get(slot.key, 1.0)
     if slot.table == "sched_wait":
         return params.sched_wait.get(slot.key, 0.0)
+    if slot.table == "host_s":
+        return params.host_s.get(slot.key, 0.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -251,7 +255,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "launch_s": dict(params.launch_s),
               "link_scale": dict(params.link_scale),
               "contention": dict(params.contention),
-              "sched_wait": dict(params.sched_wait)}
+              "sched_wait": dict(params.sched_wait),
+              "host_s": dict(params.host_s)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, source=source or params.source,
@@ -277,6 +282,7 @@ class _FastModel:
         e_col, m_col, l_col, s_col, owner, self.slow = [], [], [], [], [], []
         g_col: list[int] = []
         w_col: list[int] = []
+        h_col: list[int] = []
         stretch: list[float] = []   # 1 / capacity the run had on the device
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
@@ -316,12 +322,14 @@ class _FastModel:
                 s_col.append(index.get(_Slot("link_scale", dev.kind), -1))
                 g_col.append(index.get(_Slot("contention", dev.kind), -1))
                 w_col.append(index.get(_Slot("sched_wait", dev.kind), -1))
+                h_col.append(index.get(_Slot("host_s", dev.kind), -1))
                 # Values of entries that are not fitted (never change).
                 for table, key in (("compute_eff", (dev.kind, task.kind)),
                                    ("memory_eff", (dev.kind, task.kind)),
                                    ("launch_s", launch_key), ("link_scale", dev.kind),
                                    ("contention", dev.kind),
-                                   ("sched_wait", dev.kind)):
+                                   ("sched_wait", dev.kind),
+                                   ("host_s", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -335,6 +343,9 @@ class _FastModel:
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
         self.g_col, self.w_col = np.asarray(g_col), np.asarray(w_col)
+        self.h_col = np.asarray(h_col)
+        #: t_host applies off a Dask cluster only (lib.costmodel.model.host_seconds)
+        self.host_on = 0.0 if machine.cluster else 1.0
         self.owner = np.asarray(owner, int)
         self.defaults = {t: np.asarray(v, float) for t, v in fixed.items()}
         self.fast = [r for r in range(len(runs)) if r not in set(self.slow)]
@@ -365,7 +376,9 @@ class _FastModel:
                     * (self.stretch - 1.0)
             t = (launch + c["lat_in"] + c["bin"] / bw + c["lat_out"] + c["bout"] / bw
                  + comp)
-            out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge
+            host = pick(self.h_col, d["host_s"]) * self.host_on
+            out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge \
+                + np.add.reduceat(host, self.starts)
         if self.slow:
             full = params_with(self.base, self.slots, values)
             for r in self.slow:
@@ -384,6 +397,11 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
         slots += [_Slot("launch_s", launch_slot(machine, dk)),
                   _Slot("link_scale", dk)]
+        counts = {sum(1 for g, s in zip(r.decision.gpus, r.decision.shares,
+                                        strict=True)
+                      if s > 0 and machine.devices[g].kind == dk) for r in runs}
+        if not machine.cluster and 1 in counts and any(c > 1 for c in counts):
+            slots.append(_Slot("host_s", dk))  # one shard against several
         if any((r.capacity or {}).get(g, 1.0) < 1.0 for r in runs
                for g in r.decision.gpus if machine.devices[g].kind == dk):
             # only runs under load tell these

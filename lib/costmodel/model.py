@@ -22,6 +22,12 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   others keep busy may wait for their time slices before it runs, which
   matters to a short shard and not to a long one. ``w_kind`` is 0 until a
   calibration fits it from runs taken under load (``sched_wait``).
+- ``t_host = sum_i h_kind(i)`` over the devices with rows: what the host does
+  for each shard one after another (the cpu backend sends every worker its
+  shard and collects its result from one process), so a second shard costs
+  time even when it runs in parallel. ``h`` is 0 until a calibration fits it
+  from runs on one and on several devices (``host_s``); it is why a tiny task
+  can be faster on one core than on two.
 - ``pipelined`` mode cuts a shard into ``c = ceil(r_i / chunk)`` chunks; the
   three stages (copy in, compute, copy out) overlap, so the shard takes
   ``a + b + o + (c - 1) max(a, b, o) + c t_launch`` with a, b, o per-chunk stage
@@ -48,7 +54,7 @@ Gate 1 accepts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +91,10 @@ class CostParams:
             scheduler on a device whose measured capacity ``c`` is below 1,
             per unit of ``1 / c - 1`` (0, the default: no wait; fitted from
             runs taken under load).
+        host_s: device kind -> seconds the host spends, serially, on each
+            shard on a device of that kind (0, the default; fitted from runs
+            on one and several devices). Not on a Dask cluster, where
+            ``launch_s["dask-decision"]`` holds the host's part.
     """
 
     compute_eff: Mapping[tuple[str, str], float]
@@ -96,6 +106,7 @@ class CostParams:
     device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
     contention: Mapping[str, float] = field(default_factory=dict)
     sched_wait: Mapping[str, float] = field(default_factory=dict)
+    host_s: Mapping[str, float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
         """Compute efficiency; a registered kind without its own takes that
@@ -174,11 +185,14 @@ class Prediction:
     measured: bool = False
     t_dispatch: float = 0.0
     """A Dask cluster's fixed cost of a decision (0 elsewhere)."""
+    t_host: float = 0.0
+    """The host's serial cost of the shards (``host_s``; 0 uncalibrated)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "label": "PREDICTED", "total_seconds": self.total,
             "t_merge": self.t_merge, "t_dispatch": self.t_dispatch,
+            "t_host": self.t_host,
             "mode": self.mode, "comm_path": self.comm_path,
             "params": self.params_source,
             "devices": [{"device": d.device, "label": d.label, "rows": d.rows,
@@ -281,6 +295,15 @@ def dispatch_seconds(machine: Machine, params: CostParams = _DEFAULT) -> float:
     return params.launch_s.get("dask-decision", 1e-2) if machine.cluster else 0.0
 
 
+def host_seconds(machine: Machine, active: Sequence[int],
+                 params: CostParams = _DEFAULT) -> float:
+    """``t_host``: the host's serial cost of shards on the devices ``active``
+    (those with rows); 0 on a Dask cluster or where ``host_s`` is not fitted."""
+    if machine.cluster or not params.host_s:
+        return 0.0
+    return sum(params.host_s.get(machine.devices[i].kind, 0.0) for i in active)
+
+
 def transfer_seconds(nbytes: float, bandwidth: float, latency: float) -> float:
     """One copy: ``latency + nbytes / bandwidth`` (0 for nothing to move)."""
     return 0.0 if nbytes <= 0 else latency + nbytes / bandwidth
@@ -350,10 +373,12 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
                                 chunks * launch + wait, t_in, t_c, t_o, chunks))
     t_merge = merge_seconds(task, decision, machine, params, parts)
     t_dispatch = dispatch_seconds(machine, params)
-    total = max(p.total for p in parts) + t_merge + t_dispatch
+    t_host = host_seconds(machine, [p.device for p in parts if p.rows > 0], params)
+    total = max(p.total for p in parts) + t_merge + t_dispatch + t_host
     return Prediction(total=total, devices=tuple(parts), t_merge=t_merge,
                       mode=decision.mode, comm_path=decision.comm_path,
-                      params_source=params.source, t_dispatch=t_dispatch)
+                      params_source=params.source, t_dispatch=t_dispatch,
+                      t_host=t_host)
 
 
 def merge_seconds(task: TaskSpec, decision: Decision, machine: Machine,

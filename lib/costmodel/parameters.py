@@ -46,6 +46,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "link_scale": {k: float(v) for k, v in sorted(params.link_scale.items())},
             "contention": {k: float(v) for k, v in sorted(params.contention.items())},
             "sched_wait": {k: float(v) for k, v in sorted(params.sched_wait.items())},
+            "host_s": {k: float(v) for k, v in sorted(params.host_s.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -71,6 +72,9 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # absent likewise: no wait for the scheduler
         tables["sched_wait"] = {dk: number(v, f"sched_wait.{dk}")
                                 for dk, v in obj.get("sched_wait", {}).items()}
+        # and no serial cost of the host per shard
+        tables["host_s"] = {dk: number(v, f"host_s.{dk}")
+                            for dk, v in obj.get("host_s", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

@@ -65,7 +65,9 @@ def _grid(*ns: int, t: int) -> tuple[Dims, ...]:
 #: Thin matmuls (few rows of A, a large B every shard needs) are dominated by
 #: handing B over rather than by arithmetic: they separate the host link's cost
 #: from the efficiencies, which the other kinds (every byte count growing with
-#: the same rows) cannot.
+#: the same rows) cannot. A tiny reduce and elementwise over all devices,
+#: against the same tasks on one, separate what the host spends on each shard
+#: (``host_s``) from the launch every shard pays in parallel.
 CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
     "smoke": CharacterisationPlan(
         sizes={"matmul": _sq(64, 160, 400) + ({"M": 8, "N": 768, "K": 768},),
@@ -73,8 +75,8 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "elementwise": _vec(10**4, 10**5, 10**6),
                "stencil": _grid(64, 256, 640, t=2),
                "histogram": _vec(10**4, 10**5, 2 * 10**6, B=64)},
-        multi={"matmul": _sq(400), "reduce": _vec(10**6),
-               "elementwise": _vec(10**6), "stencil": _grid(640, t=2),
+        multi={"matmul": _sq(400), "reduce": _vec(10**4, 10**6),
+               "elementwise": _vec(10**4, 10**6), "stencil": _grid(640, t=2),
                "histogram": _vec(10**6, B=64)},
         patterns=("equal", "ramp"), passes=2, repeats=2, warmup=1, latency_runs=3,
         copy_bytes=8 * 2**20, copy_repeats=3),
@@ -86,7 +88,8 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "stencil": _grid(64, 256, 1024, 2048, t=4),
                "histogram": _vec(10**4, 10**5, 10**6, 10**7, B=256)},
         multi={"matmul": _sq(400, 1000) + ({"M": 16, "N": 2048, "K": 2048},),
-               "reduce": _vec(10**6, 10**7), "elementwise": _vec(10**6, 10**7),
+               "reduce": _vec(10**4, 10**6, 10**7),
+               "elementwise": _vec(10**4, 10**6, 10**7),
                "stencil": _grid(1024, 2048, t=4),
                "histogram": _vec(10**6, 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=3, repeats=3, warmup=1,
@@ -99,8 +102,8 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "stencil": _grid(64, 256, 1024, 2048, 4096, t=4),
                "histogram": _vec(10**4, 10**5, 10**6, 10**7, 4 * 10**7, B=256)},
         multi={"matmul": _sq(512, 1024, 2048) + ({"M": 16, "N": 4096, "K": 4096},),
-               "reduce": _vec(10**6, 10**7, 4 * 10**7),
-               "elementwise": _vec(10**6, 10**7, 4 * 10**7),
+               "reduce": _vec(10**4, 10**6, 10**7, 4 * 10**7),
+               "elementwise": _vec(10**4, 10**6, 10**7, 4 * 10**7),
                "stencil": _grid(1024, 2048, 4096, t=4),
                "histogram": _vec(10**6, 10**7, 4 * 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=5, repeats=5, warmup=1,

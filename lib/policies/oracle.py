@@ -6,8 +6,10 @@ device can finish by time ``T`` are ``r_i(T) = min((T-a-c)/(b+d), (T-a-e)/(b+f))
 clipped to ``[0, rows that fit in its memory]``, and the finish times are
 equalised by bisection on ``T`` until ``sum_i r_i(T) = n``. A device whose fixed
 cost exceeds ``T`` gets no rows, so over the usable devices this is already the
-best subset when the merge costs nothing (``concat``). For ``sum`` merges the
-merge cost depends on which devices take part, so subsets are searched: all of
+best subset when the merge costs nothing (``concat``) and the host nothing per
+shard. For ``sum`` merges the merge cost depends on which devices take part,
+and so does the host's serial cost of the shards where the calibration
+fitted one (``host_s``), so then subsets are searched: all of
 them up to :data:`EXHAUSTIVE_DEVICES` usable devices (NumPy arrays of subsets x
 devices), beyond that the prefixes of the devices ordered by the rows they take
 when all are used, and for ``p2p`` the cliques of the peer-to-peer graph grown
@@ -60,6 +62,7 @@ from lib.costmodel.model import (
     CostParams,
     Prediction,
     default_params,
+    host_seconds,
     launch_seconds,
     predict,
     split_time_coefficients,
@@ -363,6 +366,9 @@ class _Search:
         self.k = len(self.usable)
         self.dev = _Devices(task, machine, self.usable, params, telemetry)
         self.is_sum = task.merge == "sum"
+        #: whether a decision's cost depends on which devices take part
+        #: beyond their finish times: a sum's merge, the host's shards
+        self.per_set = self.is_sum or host_seconds(machine, self.usable, params) > 0
         self.nbytes = workload(task).work(task, 1).bytes_out
         self.candidates: list[tuple[np.ndarray, str, bool, float]] = []
         #: Candidates priced so far (vectorised), over every pass.
@@ -416,11 +422,17 @@ class _Search:
         latency = max(lat for _, lat in ring)
         return 2 * (k - 1) / k * nb / slowest + 2 * (k - 1) * latency + out
 
+    def set_cost(self, active: Sequence[int], path: str) -> float:
+        """What the devices ``active`` cost together beyond their finish
+        times: ``t_merge`` and ``t_host`` of Eq. (1)."""
+        return self.merge(active, path) + host_seconds(self.machine, active,
+                                                       self.params)
+
     def subsets(self, path: str, order: np.ndarray) -> np.ndarray:
         """``(S, k)`` bool subsets of the usable devices searched for ``path``
         (``order``: device positions, most rows first, when all are used)."""
         k = self.k
-        if not self.is_sum:
+        if not self.per_set:
             return np.ones((1, k), dtype=bool)
         if k <= EXHAUSTIVE_DEVICES:
             masks = ((np.arange(1, 1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
@@ -472,9 +484,9 @@ class _Search:
         if not len(masks):
             return masks, np.zeros((0, self.k))
         t, rows = equalised_rows(coef, self.rmax, masks, self.n)
-        merges = np.array([self.merge([self.usable[j] for j in np.flatnonzero(r > 0)],
-                                      path) for r in rows]) if self.is_sum \
-            else np.zeros(len(masks))
+        merges = np.array([self.set_cost([self.usable[j]
+                                          for j in np.flatnonzero(r > 0)], path)
+                           for r in rows]) if self.per_set else np.zeros(len(masks))
         total = t + merges
         best = [s for s in np.argsort(total, kind="stable")
                 if np.isfinite(total[s])][:TOP_SUBSETS]
@@ -574,7 +586,7 @@ class _Search:
                 copy_out = (path == "host") | (count[idx] < 2)
                 total[idx] = self.dev.times(rows[idx], chunk[idx], pipe,
                                             copy_out).max(axis=1)
-            if not self.is_sum:
+            if not self.per_set:
                 continue
             for i in np.flatnonzero(paths == path):
                 if path != "host" and count[i] < 2:
@@ -582,7 +594,7 @@ class _Search:
                     continue
                 key = (active[i].tobytes(), path)
                 if key not in merges:
-                    merges[key] = self.merge(
+                    merges[key] = self.set_cost(
                         [self.usable[j] for j in np.flatnonzero(active[i])], path)
                 total[i] += merges[key]
         total[~placed] = np.inf
@@ -613,7 +625,7 @@ class _Search:
         full = np.zeros(self.k)
         full[pos] = rows
         copy_out = path == "host" or len(gpus) < 2
-        merge = self.merge(list(gpus), path) if self.is_sum else 0.0
+        merge = self.set_cost(list(gpus), path) if self.per_set else 0.0
         best = float(self.dev.times(full, chunk, pipe, copy_out).max())
         for _ in range(REFINE_STEPS):
             t = self.dev.times(full, chunk, pipe, copy_out)
