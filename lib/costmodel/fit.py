@@ -471,7 +471,9 @@ def fit_params(machine: Machine, runs: Sequence[MeasuredRun],
     """Least-squares fit of log time; returns (params, fitted names, rel. s.e.).
 
     Unidentified parameters (sensitivity below :data:`MIN_SENSITIVITY`) are
-    reset to ``base`` and frozen, and the fit repeated, until the set is stable.
+    reset to ``base`` and frozen, and the fit repeated, until the set is stable;
+    one the fit drove down (to its lower bound, or 3x below its start) stays
+    there.
     The relative standard errors come from the Gauss-Newton covariance
     ``s^2 (J^T J)^-1`` at the optimum (a large one means the data pin the value
     down only weakly, e.g. two parameters that trade off against each other).
@@ -503,7 +505,12 @@ def fit_params(machine: Machine, runs: Sequence[MeasuredRun],
             weights = _huber_weights(data_residual(theta))
         sens = np.abs(_jacobian(data_residual, theta, data_residual(theta),
                                 np.ones(len(slots), bool))).max(axis=0)
-        weak = free & (sens < MIN_SENSITIVITY)
+        # A parameter the data pushed down (to its lower bound, or 3x below
+        # where it started, against the prior that holds a confounded one near
+        # its start: a launch the host's cost per shard explains away) is
+        # insensitive there because it is small, not unidentified. It stays.
+        floor = (theta <= lo + 1e-9) | (theta < start - math.log(3.0))
+        weak = free & (sens < MIN_SENSITIVITY) & ~floor
         if not weak.any():
             break
         free &= ~weak
