@@ -215,7 +215,7 @@ def _core_of(device: int) -> int:
 def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
     """What the measured backend's devices look like now (MEASURED)."""
     if backend == "cpu":
-        return local_cpu_snapshot(machine, interval=0.2)
+        return local_cpu_snapshot(machine, interval=0.2, samples=10)
     if backend == "dask":
         return dask_snapshot(machine)
     return nvml_snapshot()
