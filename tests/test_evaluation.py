@@ -10,8 +10,8 @@ import statistics
 import pytest
 
 from lib.contract import KINDS
-from lib.evaluation import evaluate
-from lib.evaluation.protocol import _measure, physical_limit
+from lib.evaluation import evaluate, protocol
+from lib.evaluation.protocol import MAX_ROUNDS, _measure, _rounds, physical_limit
 from lib.execution import get_backend
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import busy
@@ -134,7 +134,16 @@ class _Clock:
         pass
 
 
-def test_measure_interleaves_rounds_and_shares_identical_decisions():
+def test_short_tasks_get_more_rounds_within_their_time():
+    assert _rounds(3, 0.2) == 3                 # long: the budget's repeats
+    assert _rounds(3, 0.01) == 5                # 0.05 s of 10 ms runs
+    assert _rounds(3, 0.0005) == MAX_ROUNDS     # capped
+    assert _rounds(1, 0.02) == 2 and _rounds(5, 0.02) == 5
+
+
+def test_measure_interleaves_rounds_and_shares_identical_decisions(monkeypatch):
+    # rounds = repeats whatever the warm-ups took
+    monkeypatch.setattr(protocol, "ROUND_SECONDS", 0.0)
     machine = load_machine("hetero-4")
     task = task_set("model", "smoke", 0)[0]
     # warm-ups (two distinct decisions), then three rounds of two runs

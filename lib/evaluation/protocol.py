@@ -14,7 +14,11 @@ runs :func:`evaluate` (this module):
    rounds rotating the order, and policies that chose the same decision
    share its runs (:func:`_measure`). Drift on a shared machine (another
    user's job starting) then falls on every policy alike, and two policies
-   that decided alike get the same figure, not two draws of the noise;
+   that decided alike get the same figure, not two draws of the noise. A
+   short task gets more rounds than the budget's repeats, as many as fit in
+   :data:`ROUND_SECONDS` of its slowest decision (at most
+   :data:`MAX_ROUNDS`): its median then rests on enough runs to see past
+   the scheduler's jitter, at little cost;
 3. the results become Table 4 (policies x kinds: geometric-mean speedup over
    equal split with a bootstrap 95 % interval, ratio to the optimum, decision
    latency), the ablations of the learned policy, the transfer results, each
@@ -275,6 +279,20 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
     return rows
 
 
+#: Seconds of a task's slowest decision that its rounds may take together on a
+#: measured backend (a 1 ms task gets 25 rounds, a 10 ms one 5, a 100 ms one
+#: the budget's repeats), and the most rounds a task gets.
+ROUND_SECONDS = 0.05
+MAX_ROUNDS = 25
+
+
+def _rounds(repeats: int, slowest: float) -> int:
+    """Rounds for a task whose slowest decision took ``slowest`` seconds to
+    warm up: the budget's ``repeats``, or more where they are short."""
+    fit = int(ROUND_SECONDS / slowest) if slowest > 0 else MAX_ROUNDS
+    return max(1, int(repeats), min(MAX_ROUNDS, fit))
+
+
 def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
              runner: Any, repeats: int, bar: tqdm | None
              ) -> dict[str, tuple[float, str]]:
@@ -283,11 +301,11 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
 
     On the model backend (``runner`` None) one run each: a prediction does
     not vary. On a measured one the runs are interleaved: one untimed warm-up
-    of each distinct decision, then ``repeats`` rounds, each running every
-    distinct decision once through its first chooser's agent (so the run
-    feeds the history as any execution does), the order rotated by one each
-    round; the figure is the median of a decision's rounds, shared by every
-    policy that chose it.
+    of each distinct decision, then :func:`_rounds` rounds (``repeats``, or
+    more for a short task), each running every distinct decision once through
+    its first chooser's agent (so the run feeds the history as any execution
+    does), the order rotated by one each round; the figure is the median of a
+    decision's rounds, shared by every policy that chose it.
     """
     chooser: dict[str, tuple[Agent, Any]] = {}
     for agent, decision, _ in decided.values():
@@ -296,10 +314,14 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
     order = list(chooser)
     runs: dict[str, list[float]] = {key: [] for key in order}
     labels: dict[str, str] = {}
-    rounds = 1 if runner is None else max(1, int(repeats))
+    rounds = 1
     if runner is not None:
+        slowest = 0.0
         for key in order:  # warm-up, untimed and not taught to the history
+            t0 = time.perf_counter()
             runner.run(task, chooser[key][1])
+            slowest = max(slowest, time.perf_counter() - t0)
+        rounds = _rounds(repeats, slowest)
     for r in range(rounds):
         shift = r % len(order) if order else 0
         for key in order[shift:] + order[:shift]:
