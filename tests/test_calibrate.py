@@ -14,16 +14,7 @@ import pytest
 from lib.contract import TaskSpec, decision_from_weights
 from lib.costmodel import fit as fit_module
 from lib.costmodel.calibrate import calibrate, calibrate_machine, score_runs
-from lib.costmodel.fit import (
-    _FastModel,
-    _get,
-    _Slot,
-    average_ranks,
-    params_with,
-    parse_runs,
-    slots_for,
-    spearman,
-)
+from lib.costmodel.fit import _FastModel, _get, _Slot, params_with, slots_for
 from lib.costmodel.model import default_params, predict
 from lib.costmodel.parameters import (
     CalibrationError,
@@ -32,6 +23,7 @@ from lib.costmodel.parameters import (
     params_to_json,
     save_params,
 )
+from lib.costmodel.runs import average_ranks, parse_runs, spearman
 from lib.platform.machines import load_machine
 from lib.storage import calibration_path
 
@@ -191,7 +183,7 @@ def test_calibrate_machine_from_file(machine, tmp_path, monkeypatch):
 def _loaded(machine, runs, capacity=0.4):
     """Every other run re-timed as if each of its devices had ``capacity``
     (what Eq. (1) predicts at that capacity), with the capacity recorded."""
-    from lib.costmodel.fit import MeasuredRun
+    from lib.costmodel.runs import MeasuredRun
 
     params = truth_params()
     out = []

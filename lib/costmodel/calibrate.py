@@ -47,16 +47,7 @@ from typing import Any
 import numpy as np
 
 from lib.contract import KINDS
-from lib.costmodel.fit import (
-    MeasuredRun,
-    ape_pct,
-    fit_params,
-    holdout_split,
-    params_with,
-    parse_runs,
-    slots_for,
-    spearman,
-)
+from lib.costmodel.fit import fit_params, params_with, slots_for
 from lib.costmodel.model import CostParams, predict
 from lib.costmodel.parameters import (
     CalibrationError,
@@ -64,6 +55,13 @@ from lib.costmodel.parameters import (
     params_for,  # noqa: F401
     params_to_json,
     save_params,
+)
+from lib.costmodel.runs import (
+    MeasuredRun,
+    ape_pct,
+    holdout_split,
+    parse_runs,
+    spearman,
 )
 from lib.platform.machines import Machine, load_machine
 from lib.platform.workloads import split_rows

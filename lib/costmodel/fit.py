@@ -4,8 +4,8 @@ Least squares on log time (so every run counts by its relative error), made
 robust with Huber weights (iteratively re-weighted), with Levenberg-Marquardt
 over the logarithms of the parameters, numeric Jacobian, NumPy only. A
 parameter the runs cannot move (its roofline limit never binds, say) keeps its
-default and is not listed as fitted. Also here: the runs' parsing and held-out
-split, and the statistics the report scores with (APE, Spearman).
+default and is not listed as fitted. The runs it reads, their held-out split
+and the statistics the report scores with are :mod:`lib.costmodel.runs`.
 
 A run taken under load is not thrown away: where its record says what capacity
 each device had (``disturbance.capacity``, written by characterisation), the
@@ -17,17 +17,17 @@ capacity, as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lib.contract import KINDS, MEASURING_BACKENDS, ContractError, Decision, TaskSpec
+from lib.contract import KINDS
 from lib.costmodel.model import CostParams, default_params, predict
 from lib.costmodel.parameters import CalibrationError
+from lib.costmodel.runs import MeasuredRun
 from lib.platform.machines import Machine
-from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
 
 #: A parameter whose largest effect on any training run's log time is below
@@ -56,163 +56,6 @@ _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
 #: the host's cost of a shard at 10 us, a message to a worker and back.
 _START = {"sched_wait": 1e-4, "host_s": 1e-5}
 
-
-
-# --------------------------------------------------------------------------
-# Statistics
-
-def average_ranks(x: Sequence[float]) -> np.ndarray:
-    """Ranks 1..n of ``x``; tied values share the average of their ranks."""
-    x = np.asarray(x, dtype=float)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return ranks
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation (Pearson correlation of average ranks).
-
-    NaN when fewer than two pairs or when either side is constant.
-    """
-    if len(a) != len(b):
-        raise ValueError(f"spearman: {len(a)} values against {len(b)}")
-    if len(a) < 2:
-        return math.nan
-    ra, rb = average_ranks(a), average_ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denom = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    return float(ra @ rb) / denom if denom > 0 else math.nan
-
-
-def ape_pct(predicted: Sequence[float], measured: Sequence[float]) -> np.ndarray:
-    """Absolute percentage errors ``100 |p - m| / m``."""
-    p, m = np.asarray(predicted, float), np.asarray(measured, float)
-    return 100.0 * np.abs(p - m) / m
-
-
-# --------------------------------------------------------------------------
-# Runs
-
-@dataclass(frozen=True)
-class MeasuredRun:
-    """One measured execution, parsed.
-
-    Attributes:
-        task, decision: what ran.
-        seconds: measured end-to-end seconds (MEASURED).
-        backend: the measuring backend (``cpu`` or ``cuda``).
-        capacity: device index -> the share of it the run had (MEASURED, from
-            the record's ``disturbance``); None where the record does not say.
-    """
-
-    task: TaskSpec
-    decision: Decision
-    seconds: float
-    backend: str
-    capacity: Mapping[int, float] | None = None
-
-    def snapshot(self, machine: Machine) -> Snapshot | None:
-        """The run's capacity as telemetry for :func:`predict` (None without)."""
-        if not self.capacity:
-            return None
-        n = machine.n
-        return Snapshot(source="characterisation", utilisation=(0.0,) * n,
-                        free_bytes=tuple(d.mem_bytes for d in machine.devices),
-                        healthy=(True,) * n, measured=True,
-                        capacity=tuple(self.capacity.get(i, 1.0) for i in range(n)),
-                        capacity_provenance=("recorded with the run",) * n)
-
-
-def _run_capacity(run: Mapping[str, Any], where: str,
-                  machine: Machine) -> dict[int, float] | None:
-    """``disturbance.capacity`` of a run record, checked (None if absent)."""
-    dist = run.get("disturbance")
-    if dist is None:
-        return None
-    table = dist.get("capacity") if isinstance(dist, Mapping) else None
-    if not isinstance(table, Mapping):
-        raise CalibrationError(f"{where}: disturbance has no capacity table")
-    out = {}
-    for dev, cap in table.items():
-        try:
-            index = int(dev)
-        except (TypeError, ValueError):
-            raise CalibrationError(f"{where}: disturbance names device {dev!r}") \
-                from None
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) \
-                or not 0.0 < cap <= 1.0 or not 0 <= index < machine.n:
-            raise CalibrationError(f"{where}: capacity of device {dev} must be in "
-                                   f"(0, 1] on an existing device, got {cap!r}")
-        out[index] = float(cap)
-    return out
-
-
-def parse_runs(runs: Sequence[Mapping[str, Any]],
-               machine: Machine) -> list[MeasuredRun]:
-    """Check and parse run records; raise :class:`CalibrationError` naming the run."""
-    out = []
-    for i, run in enumerate(runs):
-        where = f"run {i}"
-        if not isinstance(run, Mapping):
-            raise CalibrationError(f"{where}: expected an object, got "
-                                   f"{type(run).__name__}")
-        backend = run.get("backend")
-        if backend not in MEASURING_BACKENDS:
-            raise CalibrationError(
-                f"{where}: backend {backend!r} is not a measuring backend (cpu or "
-                "cuda); calibration fits measurements only, never predictions")
-        if run.get("measured", True) is not True \
-                or run.get("provenance", "measured") != "measured":
-            raise CalibrationError(f"{where}: not marked measured")
-        seconds = run.get("measured_seconds")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-                or not math.isfinite(seconds) or seconds <= 0:
-            raise CalibrationError(f"{where}: measured_seconds must be a positive "
-                                   f"number, got {seconds!r}")
-        try:
-            task = TaskSpec.from_json(run["task"])
-            decision = Decision.from_json(run["decision"])
-        except KeyError as exc:
-            raise CalibrationError(f"{where}: missing field {exc.args[0]!r}") from None
-        except ContractError as exc:
-            raise CalibrationError(f"{where}: {exc}") from None
-        bad = [g for g in decision.gpus if g >= machine.n]
-        if bad or len(decision.gpus) != len(decision.shares) or not decision.gpus:
-            raise CalibrationError(f"{where}: decision names device(s) {bad or '?'} "
-                                   f"that machine {machine.name} ({machine.n} "
-                                   "devices) does not have")
-        out.append(MeasuredRun(task, decision, float(seconds), backend,
-                               _run_capacity(run, where, machine)))
-    return out
-
-
-def holdout_split(runs: Sequence[MeasuredRun], holdout: float,
-                  seed: int) -> tuple[list[int], list[int]]:
-    """Indices (train, held-out), stratified by workload kind, seeded.
-
-    Each kind keeps at least one training run; ``holdout=0`` holds none out.
-    """
-    if not 0.0 <= holdout < 1.0:
-        raise CalibrationError(f"holdout must be in [0, 1), got {holdout}")
-    rng = np.random.default_rng(seed)
-    train, held = [], []
-    for kind in KINDS:
-        idx = [i for i, r in enumerate(runs) if r.task.kind == kind]
-        if not idx:
-            continue
-        idx = [idx[j] for j in rng.permutation(len(idx))]
-        n_held = min(len(idx) - 1, int(round(holdout * len(idx))))
-        held += idx[:n_held]
-        train += idx[n_held:]
-    return sorted(train), sorted(held)
 
 
 # --------------------------------------------------------------------------
