@@ -268,18 +268,7 @@ def test_a_saved_calibration_is_scored_on_runs_taken_under_load(machine, tmp_pat
 def test_the_contention_exponent_is_fitted_from_runs_under_load(machine):
     # runs whose loaded half got capacity ** 1.5 of their devices, not capacity
     truth = params_with(truth_params(), [_Slot("contention", "cpu")], [1.5])
-    runs = synthetic_runs(machine, truth, noise=0.005)
-    for i, run in enumerate(runs):
-        if i % 2:
-            cap = 0.3 + 0.4 * ((i // 2) % 3) / 2  # 0.3, 0.5, 0.7
-            table = {str(g): cap for g in run["decision"]["gpus"]}
-            parsed = parse_runs([{**run, "disturbance": {"capacity": table}}],
-                                machine)[0]
-            exact = predict(parsed.task, parsed.decision, machine, None, truth).total
-            run["measured_seconds"] *= predict(
-                parsed.task, parsed.decision, machine, parsed.snapshot(machine),
-                truth).total / exact
-            run["disturbance"] = {"capacity": table}
+    runs = _under_load(machine, synthetic_runs(machine, truth, noise=0.005), truth)
     report = calibrate(machine, runs, seed=0)
     assert "contention[cpu]" in report.fitted
     assert report.params.contention["cpu"] == pytest.approx(1.5, rel=0.1)

@@ -179,6 +179,21 @@ def test_whole_rows_cut_as_the_shards_are():
         assert r.tolist() == cut
 
 
+def _prices_as_predict(task, machine, snap, params) -> _Search:
+    """Run the split and pipelined searches and check every priced candidate
+    against :func:`predict` (the search, for further checks)."""
+    search = _Search(task, machine, snap, params)
+    assume(search.k and search.rmax.sum() >= search.n)
+    for path in search.paths():
+        masks, seeds = search.split(path)
+        search.pipelined(path, masks, seeds, counts=(2, 7))
+    for row in search.priced(keep=30):
+        d = search.decision(row).with_hash(task)
+        assert predict(task, d, machine, snap, params).total == pytest.approx(
+            row[0], rel=1e-9)
+    return search
+
+
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(tasks, machines(low=1, high=4), st.sampled_from([True, False]))
@@ -187,15 +202,7 @@ def test_vectorised_prices_are_the_model(task, machine, loaded):
     as :func:`predict`, split and pipelined, every comm path."""
     snap = busy(machine, [0.6 if loaded and i == 0 else 0.0
                           for i in range(machine.n)])
-    search = _Search(task, machine, snap, default_params())
-    assume(search.k and search.rmax.sum() >= search.n)
-    for path in search.paths():
-        masks, seeds = search.split(path)
-        search.pipelined(path, masks, seeds, counts=(2, 7))
-    for row in search.priced(keep=30):
-        d = search.decision(row).with_hash(task)
-        assert predict(task, d, machine, snap).total == pytest.approx(row[0],
-                                                                      rel=1e-9)
+    _prices_as_predict(task, machine, snap, default_params())
 
 
 @settings(max_examples=15, deadline=None,
@@ -208,15 +215,7 @@ def test_vectorised_prices_include_the_scheduler_wait(task, machine):
     n = machine.n
     snap = Snapshot("t", (0.0,) * n, tuple(d.mem_bytes for d in machine.devices),
                     (True,) * n, capacity=(0.25,) + (1.0,) * (n - 1))
-    search = _Search(task, machine, snap, params)
-    assume(search.k and search.rmax.sum() >= search.n)
-    for path in search.paths():
-        masks, seeds = search.split(path)
-        search.pipelined(path, masks, seeds, counts=(2, 7))
-    for row in search.priced(keep=30):
-        d = search.decision(row).with_hash(task)
-        assert predict(task, d, machine, snap, params).total == pytest.approx(
-            row[0], rel=1e-9)
+    _prices_as_predict(task, machine, snap, params)
 
 
 def test_a_short_task_keeps_off_a_shared_device_that_makes_it_wait():
@@ -241,16 +240,7 @@ def test_vectorised_prices_include_the_hosts_cost_per_shard(task, machine):
     """With a fitted host cost per shard the search prices subsets as
     :func:`predict` does (the cost of every device with rows)."""
     params = replace(default_params(), host_s={"gpu": 3e-4, "cpu": 3e-4})
-    search = _Search(task, machine, None, params)
-    assume(search.k and search.rmax.sum() >= search.n)
-    assert search.per_set
-    for path in search.paths():
-        masks, seeds = search.split(path)
-        search.pipelined(path, masks, seeds, counts=(2, 7))
-    for row in search.priced(keep=30):
-        d = search.decision(row).with_hash(task)
-        assert predict(task, d, machine, None, params).total == pytest.approx(
-            row[0], rel=1e-9)
+    assert _prices_as_predict(task, machine, None, params).per_set
 
 
 def test_a_tiny_task_stays_on_one_device_when_each_shard_costs_the_host():
