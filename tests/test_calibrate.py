@@ -355,3 +355,21 @@ def test_a_launch_the_hosts_cost_explains_away_stays_small(machine, monkeypatch)
     assert report.params.launch_s["cpu"] < 2e-5
     assert report.params.host_s["cpu"] == pytest.approx(1.5e-4, rel=0.2)
     assert report.median_ape_pct < 3.0
+
+
+def test_a_term_the_runs_left_off_saves_and_loads(machine):
+    # a slot the fit found unidentified keeps its default, 0 for these two
+    off = params_with(truth_params(), [_Slot("sched_wait", "cpu"),
+                                       _Slot("host_s", "cpu")], [0.0, 0.0])
+    again = params_from_json(params_to_json(off))
+    assert again.sched_wait == {"cpu": 0.0} and again.host_s == {"cpu": 0.0}
+    # a negative one is refused in one line that names it; 0 stays refused
+    # for the efficiencies
+    bad = params_to_json(off)
+    bad["host_s"]["cpu"] = -1e-4
+    with pytest.raises(CalibrationError, match=r"host_s\.cpu must be a non-negative"):
+        params_from_json(bad)
+    bad = params_to_json(off)
+    bad["launch_s"]["cpu"] = 0.0
+    with pytest.raises(CalibrationError, match=r"launch_s\.cpu must be a positive"):
+        params_from_json(bad)

@@ -52,11 +52,13 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
 
 def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParams:
     """Inverse of :func:`params_to_json`; raises CalibrationError naming the field."""
-    def number(v: Any, name: str) -> float:
+    def number(v: Any, name: str, off: bool = False) -> float:
+        """A positive number; ``off``: 0 allowed too (a term left off)."""
         if isinstance(v, bool) or not isinstance(v, (int, float)) \
-                or not math.isfinite(v) or v <= 0:
-            raise CalibrationError(f"{where}: {name} must be a positive number, "
-                                   f"got {v!r}")
+                or not math.isfinite(v) or v < 0 or (v == 0 and not off):
+            raise CalibrationError(f"{where}: {name} must be a "
+                                   f"{'non-negative' if off else 'positive'} "
+                                   f"number, got {v!r}")
         return float(v)
 
     try:
@@ -70,10 +72,11 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         tables["contention"] = {dk: number(v, f"contention.{dk}")
                                 for dk, v in obj.get("contention", {}).items()}
         # absent likewise: no wait for the scheduler
-        tables["sched_wait"] = {dk: number(v, f"sched_wait.{dk}")
+        # (0 where the runs could not tell them: the term stays off)
+        tables["sched_wait"] = {dk: number(v, f"sched_wait.{dk}", off=True)
                                 for dk, v in obj.get("sched_wait", {}).items()}
         # and no serial cost of the host per shard
-        tables["host_s"] = {dk: number(v, f"host_s.{dk}")
+        tables["host_s"] = {dk: number(v, f"host_s.{dk}", off=True)
                             for dk, v in obj.get("host_s", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
