@@ -223,11 +223,12 @@ def test_a_short_task_keeps_off_a_shared_device_that_makes_it_wait():
     n = machine.n
     snap = Snapshot("t", (0.0,) * n, tuple(d.mem_bytes for d in machine.devices),
                     (True,) * n, capacity=(0.2,) + (1.0,) * (n - 1))
-    params = replace(default_params(), sched_wait={"cpu": 1e-3})
+    free = replace(default_params(), host_s={})     # no cost per shard
+    params = replace(free, sched_wait={"cpu": 1e-3})
     short, long = TaskSpec("elementwise", {"N": 1 << 14}), \
         TaskSpec("elementwise", {"N": 1 << 26})
     # without the wait the shared core still takes its fifth of a short task
-    assert 0 in optimum(short, machine, snap).decision.gpus
+    assert 0 in optimum(short, machine, snap, free).decision.gpus
     assert 0 not in optimum(short, machine, snap, params).decision.gpus
     # a long task still uses it: 4 ms of waiting is little beside its work
     assert 0 in optimum(long, machine, snap, params).decision.gpus
@@ -248,8 +249,11 @@ def test_a_tiny_task_stays_on_one_device_when_each_shard_costs_the_host():
     tiny, big = TaskSpec("elementwise", {"N": 1 << 12}), \
         TaskSpec("elementwise", {"N": 1 << 26})
     params = replace(default_params(), host_s={"cpu": 1.5e-4})
-    assert len(optimum(tiny, machine).decision.gpus) == machine.n
+    free = replace(default_params(), host_s={})   # no cost per shard
+    assert len(optimum(tiny, machine, None, free).decision.gpus) == machine.n
     assert len(optimum(tiny, machine, None, params).decision.gpus) == 1
+    # the default prices a CPU worker's shard too
+    assert len(optimum(tiny, machine).decision.gpus) == 1
     assert len(optimum(big, machine, None, params).decision.gpus) == machine.n
     pred = optimum(big, machine, None, params).prediction
     assert pred.t_host == pytest.approx(machine.n * 1.5e-4)

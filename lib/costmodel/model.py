@@ -25,9 +25,9 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
 - ``t_host = sum_i h_kind(i)`` over the devices with rows: what the host does
   for each shard one after another (the cpu backend sends every worker its
   shard and collects its result from one process), so a second shard costs
-  time even when it runs in parallel. ``h`` is 0 until a calibration fits it
-  from runs on one and on several devices (``host_s``); it is why a tiny task
-  can be faster on one core than on two.
+  time even when it runs in parallel (``host_s``: 100 us for a CPU worker by
+  default, 0 for a GPU, fitted by calibration from runs on one and on several
+  devices); it is why a tiny task can be faster on one core than on two.
 - ``pipelined`` mode cuts a shard into ``c = ceil(r_i / chunk)`` chunks; the
   three stages (copy in, compute, copy out) overlap, so the shard takes
   ``a + b + o + (c - 1) max(a, b, o) + c t_launch`` with a, b, o per-chunk stage
@@ -73,8 +73,8 @@ class CostParams:
             kernel reaches, e_k; typically 0.3-0.9.
         memory_eff: (device kind, workload kind) -> fraction of peak memory
             bandwidth reached, e'_k; typically 0.5-0.9.
-        launch_s: device kind -> seconds per kernel launch (GPU ~5 us; a CPU
-            worker's dispatch ~100 us).
+        launch_s: device kind -> seconds per kernel launch, paid by every
+            shard in parallel (~5 us on a GPU and on a CPU worker).
         link_scale: device kind -> multiplier on host-link bandwidth (measured
             over datasheet); 1.0 uncalibrated.
         source: ``"default"`` or what they were fitted to.
@@ -92,8 +92,10 @@ class CostParams:
             per unit of ``1 / c - 1`` (0, the default: no wait; fitted from
             runs taken under load).
         host_s: device kind -> seconds the host spends, serially, on each
-            shard on a device of that kind (0, the default; fitted from runs
-            on one and several devices). Not on a Dask cluster, where
+            shard on a device of that kind (a CPU worker: 100 us, the cpu
+            backend's parent handing it its shard and collecting it; a GPU:
+            0, its launch is asynchronous; fitted from runs on one and
+            several devices). Not on a Dask cluster, where
             ``launch_s["dask-decision"]`` holds the host's part.
     """
 
@@ -141,9 +143,13 @@ def default_params() -> CostParams:
     # "dask-decision": submitting a decision and gathering its result;
     # "dask-task": what each shard's task adds. MEASURED on dask-local:2 (a
     # 64-element task, medians of 20): 10.6 ms on one worker, 10.65 ms on two.
+    # "cpu" host: the cpu backend's parent hands each worker its shard and
+    # collects it, one after another. MEASURED on local-cpu (calibrated on a
+    # quick characterisation): 123 us a shard, the launch itself 3 us.
     return CostParams(compute_eff=compute, memory_eff=memory,
-                      launch_s={"gpu": 5e-6, "cpu": 1e-4, "dask-task": 1e-4,
-                                "dask-decision": 1e-2})
+                      launch_s={"gpu": 5e-6, "cpu": 5e-6, "dask-task": 1e-4,
+                                "dask-decision": 1e-2},
+                      host_s={"cpu": 1e-4})
 
 
 _DEFAULT = default_params()
@@ -186,7 +192,7 @@ class Prediction:
     t_dispatch: float = 0.0
     """A Dask cluster's fixed cost of a decision (0 elsewhere)."""
     t_host: float = 0.0
-    """The host's serial cost of the shards (``host_s``; 0 uncalibrated)."""
+    """The host's serial cost of the shards (``host_s``; 0 without CPU workers)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
