@@ -200,13 +200,23 @@ def test_weighted_share_is_fair_share_with_equal_weights():
             == pytest.approx(fair_share(demands))
 
 
-def test_unreadable_autogroups_share_thread_by_thread():
-    # a contender whose /proc/<pid>/autogroup cannot be read (here: no such
-    # process) is not guessed into a group of its own; the share falls back
-    # to threads, one spinning thread on core 0 leaving us a half
+def test_unreadable_autogroups_share_thread_by_thread(monkeypatch):
+    from lib.platform import telemetry
+
     gone = 2 ** 22 + 12345          # above the kernel's pid_max: never a process
-    assert session_groups([gone]) is None
+    # pid 1 (always there) shows no autogroup, as in a container that hides it;
+    # ours and every other shows one
+    monkeypatch.setattr(telemetry, "autogroup_of",
+                        lambda pid: None if pid in (1, gone) else ("/autogroup-7", 1.0))
+    # a live contender whose group cannot be read is not guessed into a group
+    # of its own: the share falls back to threads, one spinning thread on
+    # core 0 leaving us a half
+    assert session_groups([1]) is None
+    assert capacity_of({0: {101: 1.0}}, {101: 1}, [0, 1], grouped=True) \
+        == pytest.approx((0.5, 1.0))
+    assert capacity_of({0: {101: 1.0}}, {101: 1}, [0, 1], grouped=False) \
+        == pytest.approx((0.5, 1.0))
+    # a contender that has ended since the look contends no more
+    assert session_groups([gone]) == {os.getpid(): ("/autogroup-7", 1.0)}
     assert capacity_of({0: {101: 1.0}}, {101: gone}, [0, 1], grouped=True) \
-        == pytest.approx((0.5, 1.0))
-    assert capacity_of({0: {101: 1.0}}, {101: gone}, [0, 1], grouped=False) \
-        == pytest.approx((0.5, 1.0))
+        == pytest.approx((1.0, 1.0))

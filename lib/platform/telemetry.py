@@ -242,15 +242,17 @@ def autogroup_of(pid: int) -> tuple[str, float] | None:
 
 def session_groups(pids: Iterable[int]) -> dict[int, tuple[str, float]] | None:
     """The autogroup of each process in ``pids`` and of this one
-    (:func:`autogroup_of`), or None if any of them cannot be read: a guess
-    for one process would put it in a group of its own and understate our
-    share, so the caller shares thread by thread instead."""
+    (:func:`autogroup_of`); a process that has ended since it was seen is
+    left out (it contends no more). None if the group of a live process
+    cannot be read: a guess would put it in a group of its own and understate
+    our share, so the caller shares thread by thread instead."""
     out: dict[int, tuple[str, float]] = {}
     for pid in {*pids, os.getpid()}:
         group = autogroup_of(pid)
-        if group is None:
+        if group is not None:
+            out[pid] = group
+        elif pid == os.getpid() or os.path.exists(f"/proc/{pid}"):
             return None
-        out[pid] = group
     return out
 
 
@@ -313,7 +315,10 @@ def _capacity(demand: Mapping[int, Mapping[int, float]], pids: Mapping[int, int]
         grouped = autogroups_enabled()
     owners = session_groups(set(pids.values())) if grouped else None
     if owners is not None:
-        return (group_capacity(demand, {t: owners[p] for t, p in pids.items()},
+        live = {c: {t: d for t, d in row.items() if pids[t] in owners}
+                for c, row in demand.items()}
+        return (group_capacity(live, {t: owners[p] for t, p in pids.items()
+                                      if p in owners},
                                mine, owners[os.getpid()]), True)
     return tuple(fair_share(list(demand.get(c, {}).values())) for c in mine), False
 
