@@ -304,7 +304,7 @@ def dispatch_seconds(machine: Machine, params: CostParams = _DEFAULT) -> float:
 def host_seconds(machine: Machine, active: Sequence[int],
                  params: CostParams = _DEFAULT) -> float:
     """``t_host``: the host's serial cost of shards on the devices ``active``
-    (those with rows); 0 on a Dask cluster or where ``host_s`` is not fitted."""
+    (those with rows); 0 on a Dask cluster and for kinds ``host_s`` leaves out."""
     if machine.cluster or not params.host_s:
         return 0.0
     return sum(params.host_s.get(machine.devices[i].kind, 0.0) for i in active)
