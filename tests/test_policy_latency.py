@@ -8,6 +8,7 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 
 from lib.contract import Decision
 from lib.env.curriculum import GPU_CATALOG, random_machine, sample_task
@@ -15,6 +16,7 @@ from lib.evaluation.bench import latency_benchmark, latency_machine
 from lib.learners.setnet import waterfill_forward
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import SimulatedTelemetry, busy, idle
+from lib.policies import fastpath
 from lib.policies.actions import (
     Decoder,
     decision_from_weights_row,
@@ -119,6 +121,44 @@ def test_fast_decide_is_the_plain_computation():
                                                    rtol=1e-6, atol=1e-9)
                     modes.add(fast.mode)
     assert modes == {"single", "split", "pipelined"}
+
+
+def test_the_compiled_tanh_is_the_library_tanh():
+    """The kernel's own ``tanh`` (the form that vectorises) is within 1e-14
+    of NumPy's from tiny to saturated inputs, odd, 1 beyond 20, and keeps
+    NaN."""
+    x = np.concatenate([np.linspace(-25.0, 25.0, 100_000),
+                        np.logspace(-12, 1.5, 5_000),
+                        -np.logspace(-12, 1.5, 5_000)])
+    got = np.array([fastpath._tanh(v) for v in x[::7]])
+    np.testing.assert_allclose(got, np.tanh(x[::7]), rtol=0, atol=1e-14)
+    h = x.reshape(-1, 5).copy()
+    fastpath._tanh_all(h)
+    np.testing.assert_allclose(h.ravel(), np.tanh(x), rtol=0, atol=1e-14)
+    assert fastpath._tanh(np.inf) == 1.0 and fastpath._tanh(-np.inf) == -1.0
+    assert fastpath._tanh(30.0) == 1.0 and fastpath._tanh(-30.0) == -1.0
+    assert np.isnan(fastpath._tanh(np.nan))
+
+
+def test_the_compiled_waterfill_is_the_batch_one():
+    """:func:`fastpath.waterfill` gives the batch water-filling's shares for
+    sets of 1 to 16 present devices, identical devices, devices left out by
+    their fixed cost, and clipped extremes."""
+    rng = np.random.default_rng(11)
+    cases = [(np.zeros(4), np.zeros(4)), (np.array([0.0, 0.0, 5.0]),
+                                          np.array([-3.0, -3.0, 4.0])),
+             (np.array([800.0, -800.0]), np.array([-900.0, 900.0]))]
+    for k in (1, 2, 3, 5, 8, 16):
+        for scale in (0.1, 1.0, 5.0):
+            cases.append((rng.normal(scale=scale, size=k),
+                          rng.normal(scale=scale, size=k)))
+    for log_time, log_fixed in cases:
+        with np.errstate(over="ignore"):  # the batch one at exp(+-700)
+            want, _ = waterfill_forward(log_time[None], log_fixed[None],
+                                        np.ones((1, len(log_time)), bool))
+        got = fastpath.waterfill(log_time.copy(), log_fixed.copy())
+        np.testing.assert_allclose(got, want[0], rtol=1e-12, atol=1e-15)
+        assert got.sum() == pytest.approx(1.0)
 
 
 def test_the_cache_follows_machine_telemetry_task_and_weights():

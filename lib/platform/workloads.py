@@ -72,20 +72,26 @@ def split_rows(n: int, shares: Sequence[float]) -> list[tuple[int, int]]:
         n: size of the divisible dimension (>= 0).
         shares: non-negative weights; they are normalised by their sum.
     """
+    bounds, lo = [], 0
+    for r in split_sizes(n, shares):
+        bounds.append((lo, lo + r))
+        lo += r
+    return bounds
+
+
+def split_sizes(n: int, shares: Sequence[float]) -> list[int]:
+    """The piece sizes of :func:`split_rows` (rows per piece, in order)."""
     total = math.fsum(shares)
     if total <= 0 or any(s < 0 for s in shares):
         raise ValueError("shares must be non-negative with a positive sum")
     exact = [n * s / total for s in shares]
     rows = [int(math.floor(x)) for x in exact]
     left = n - sum(rows)
-    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - rows[i]), i))
-    for i in order[:left]:
-        rows[i] += 1
-    bounds, lo = [], 0
-    for r in rows:
-        bounds.append((lo, lo + r))
-        lo += r
-    return bounds
+    if left:
+        order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - rows[i]), i))
+        for i in order[:left]:
+            rows[i] += 1
+    return rows
 
 
 def host_dtype(dtype: str) -> np.dtype:
@@ -388,6 +394,28 @@ def workload(kind_or_task: str | TaskSpec) -> Workload:
     except KeyError:
         raise KeyError(f"kind {kind!r} is not known here; expected one of "
                        f"{', '.join(WORKLOADS)}") from None
+
+
+#: The last :func:`whole_work`: (task, workload, sizes, work).
+_LAST_WHOLE: tuple[object, ...] = (None, None, None, None)
+
+
+def whole_work(task: TaskSpec) -> ShardWork:
+    """``workload(task).work(task, task.split_size)``: the task's work as one
+    shard. The last one is kept with the task object, workload and sizes it
+    was computed for, so that the policy and Gate 1 deciding one task count
+    it once; a task whose ``dims`` were changed in place, or a kind
+    registered again, is counted afresh."""
+    global _LAST_WHOLE
+    w = workload(task)
+    dims = task.dims
+    sizes = tuple(dims.items())
+    last = _LAST_WHOLE
+    if last[0] is task and last[1] is w and last[2] == sizes:
+        return last[3]
+    whole = w.work(task, dims[task.split_name])
+    _LAST_WHOLE = (task, w, sizes, whole)
+    return whole
 
 
 def like_of(kind: str) -> str:

@@ -69,7 +69,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -82,11 +81,11 @@ from lib.contract import (
     MODES,
     Decision,
     TaskSpec,
-    decision_from_weights,
+    normalised_shares,
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import split_rows, workload
+from lib.platform.workloads import split_sizes, whole_work, workload
 from lib.policies.observation import (
     DEVICE_FEATURES,
     STATE_MAX_DEVICES,
@@ -189,8 +188,7 @@ class Decoder:
         ``footprint``: the whole task's, where the caller has it."""
         if self._caps is not None and self._caps[0] is task:
             return self._caps[1]
-        whole = workload(task).work(task, task.split_size).footprint \
-            if footprint is None else footprint
+        whole = whole_work(task).footprint if footprint is None else footprint
         if self._least_room is not None:
             binds = whole > self._least_room
         else:
@@ -408,18 +406,16 @@ def decision_from_weights_row(task: TaskSpec, weights: Sequence[float], block: i
         decision = Decision(gpus=(), shares=(), chunk=task.split_size,
                             block=block_v, mode=mode_v, comm_path=path_v)
         return decision.with_hash(task) if hashed else decision
-    decision = decision_from_weights(task, gpus, [float(w[i]) for i in gpus],
-                                     block=block_v, comm_path=path_v)
+    # decision_from_weights, built once whatever the mode
+    shares = normalised_shares([float(w[i]) for i in gpus])
+    chunk = task.split_size
     if mode_v == "pipelined":
-        rows = max(hi - lo for lo, hi in split_rows(task.split_size,
-                                                    decision.shares))
+        rows = max(split_sizes(chunk, shares))
         count = CHUNKS[chunks] if 0 <= chunks < len(CHUNKS) else 0
         chunk = max(1, math.ceil(rows / count)) if count else 0
-        # the constructor, not dataclasses.replace: a third of the cost
-        decision = Decision(decision.gpus, decision.shares, chunk, block_v,
-                            "pipelined", path_v)
-    elif mode_v not in MODES:
-        decision = replace(decision, mode=mode_v)
+    elif mode_v in MODES:
+        mode_v = "single" if len(gpus) == 1 else "split"
+    decision = Decision(tuple(gpus), tuple(shares), chunk, block_v, mode_v, path_v)
     return decision.with_hash(task) if hashed else decision
 
 
@@ -478,8 +474,7 @@ def action_from_decision(task: TaskSpec, decision: Decision,
     block = int(np.argmin(np.abs(log_blocks - math.log2(max(1, decision.block)))))
     chunks = 0
     if decision.mode == "pipelined":
-        rows = max(hi - lo for lo, hi in split_rows(task.split_size,
-                                                    decision.shares))
+        rows = max(split_sizes(task.split_size, decision.shares))
         count = math.ceil(rows / max(1, decision.chunk))
         chunks = int(np.argmin(np.abs(np.log2(CHUNKS) - math.log2(count))))
     return {"shares": shares, "block": block, "mode": MODES.index(decision.mode),

@@ -59,7 +59,8 @@ from lib.learners.ppo import PolicyFormatError
 from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import workload
+from lib.platform.workloads import whole_work
+from lib.policies import fastpath
 from lib.policies.actions import (
     CHUNKS,
     SLOTS,
@@ -208,8 +209,8 @@ class _Context:
     """What one machine under one snapshot contributes to a decision of a
     task with a given dtype: the task-independent state, the decoder, and
     for a set learner the task-independent parts of its network, folded
-    into weights and buffers so that one decision is a handful of NumPy
-    calls (:meth:`LearnedPolicy._forward`).
+    into weights so that one decision is one call of the compiled kernel
+    :func:`lib.policies.fastpath.act` (:meth:`LearnedPolicy._kernel`).
 
     The network's inputs enter linearly before the first nonlinearity, so
     every part that does not depend on the task is folded in here:
@@ -227,7 +228,7 @@ class _Context:
     The task enters as ``ext`` = [task row, the task part of the separable
     entries (3), 1] (:data:`TASK_FEATURES` + 4 entries). Per decision:
 
-    - ``x = xt.T`` ``(k, 6 + len(ext))``, one row per usable device: the
+    - ``x`` ``(k, 6 + len(ext))``, one row per usable device: the
       six :data:`_TERMS` (log10 seconds), then ``ext``; ``x @ w1x + first``
       is the first layer's input, ``x @ wzx + skip`` the shares' skip
       (``first`` and ``skip`` are added after the product, not picked by a
@@ -239,14 +240,13 @@ class _Context:
       layer's input (with ``b3``); ``h3`` = [that layer, 1] and ``wyt @ h3``
       the heads' logits (with ``by``).
 
-    Per task, only the six :data:`_TERMS` columns are computed per device.
-    The buffers are overwritten by the next decision.
+    Per task, only the six :data:`_TERMS` columns are computed per device
+    (``ext`` is the same in every row: the kernel takes its products once).
     """
 
-    __slots__ = ("decoder", "ext0", "first", "g1", "g2", "h1", "h2", "h3", "index",
-                 "inv", "k", "lat", "scale", "skip", "task_set", "times", "v2t",
-                 "version", "view", "views", "w1x", "w2", "w3t", "wyt", "wz",
-                 "wzx", "xt")
+    __slots__ = ("allowed", "bounds", "decoder", "ext0", "first", "index", "inv",
+                 "k", "lat", "share_head", "skip", "task_set", "v2t", "version",
+                 "view", "w1x", "w2", "w3t", "wyt", "wz", "wzx")
 
     def __init__(self, machine: Machine, telemetry: Snapshot | None, dtype: str,
                  min_share: float, encoder: ObservationEncoder,
@@ -292,9 +292,11 @@ class _Context:
         self.wzx = np.zeros((e + ne, ws.shape[1]))
         self.wzx[term_rows] = ws_dyn[dyn_rows]
         self.wzx[e + c:e + c + len(sep)] = ws[sep]
-        self.wz = p["Wz"]
-        self.w2 = p.get("W2")
-        if self.w2 is not None:  # [mean, max] @ V2 + b2 = [sum, max, 1] @ v2
+        self.wz = np.ascontiguousarray(p["Wz"])
+        self.w2 = np.zeros((0, 0))
+        self.v2t = np.zeros((0, 0))
+        if "W2" in p:  # [mean, max] @ V2 + b2 = [sum, max, 1] @ v2
+            self.w2 = np.ascontiguousarray(p["W2"])
             self.v2t = np.ascontiguousarray(np.vstack(
                 [p["V2"][:h1] / max(k, 1), p["V2"][h1:], p["b2"]]).T)
         w3 = np.zeros((2 * width + ne, p["W3"].shape[1]))
@@ -313,25 +315,31 @@ class _Context:
         self.inv[n_terms] = view.inv_bw
         self.lat = np.zeros((n_terms + 1, k))
         self.lat[[0, 1, 3]] = view.host_lat
-        self.scale = np.zeros((n_terms + 1, 1))
-        self.times = np.empty((n_terms + 1, k))
-        self.xt = np.zeros((n_terms + ne, k))  # x transposed: rows are inputs
         self.ext0 = [0.0] * ne
         self.ext0[c - len(self.task_set):c] = self.task_set.tolist()
         self.ext0[-1] = 1.0
-        self.h1, self.h2 = np.empty((k, h1)), np.empty((k, width))
-        self.g1 = np.ones(2 * h1 + 1)
-        self.g2 = np.empty(2 * width + ne)
-        self.h3 = np.ones(p["W3"].shape[1] + 1)
-        # views of the buffers, made once (a slice costs as much as a small
-        # NumPy operation)
-        t = self.times
-        self.views = (self.scale[:, 0], t[2], t[n_terms], t[:3], t[4], t[5],
-                      t[:n_terms], self.xt[:n_terms], self.xt[n_terms:],
-                      self.xt.T, self.g1[:h1], self.g1[h1:2 * h1],
-                      self.g2[:width], self.g2[width:2 * width],
-                      self.g2[2 * width:], self.g2[2 * width:, None],
-                      self.h3[:-1])
+        slices = learner._slices
+        self.bounds = np.array([s.start for s in slices] + [slices[-1].stop],
+                               dtype=np.int64)
+        self.share_head = int(learner.config.share_head)
+        # the heads' allowed options as one array, per mask lists seen
+        # (the decoder keeps those per merge while no memory cap binds)
+        self.allowed: dict[int, tuple[Any, np.ndarray]] = {}
+
+    def allowed_array(self, masks: tuple[Sequence[bool], ...]) -> np.ndarray:
+        """The allowed options of the first heads (``masks``, one list each;
+        the heads past them allow all) as one int8 array over the heads'
+        logits, kept while ``masks`` is the decoder's cached tuple."""
+        hit = self.allowed.get(id(masks))
+        if hit is not None and hit[0] is masks:
+            return hit[1]
+        out = np.ones(int(self.bounds[-1]), dtype=np.int8)
+        for h, mask in enumerate(masks):
+            out[self.bounds[h]:self.bounds[h + 1]] = mask
+        if len(self.allowed) > 64:
+            self.allowed.clear()
+        self.allowed[id(masks)] = (masks, out)
+        return out
 
 
 def _version(learner: Any) -> Any:
@@ -432,43 +440,46 @@ class LearnedPolicy:
         ctx = self._context(task, machine, telemetry)
         agent: SetPPOAgent = self.learner
         index = ctx.index
-        whole = workload(task).work(task, task.split_size)
+        whole = whole_work(task)
+        masks: tuple[Sequence[bool], ...] = ()  # block, mode, path: allowed
+        usable = index
         if self.use_mask:
-            device, heads = ctx.decoder.allowed(task, whole.footprint)
-            heads = (*heads, None)
+            device, masks = ctx.decoder.allowed(task, whole.footprint)
             usable = [i for i in index if device[i]]
-        else:
-            heads, usable = (None,) * len(HEADS), index
         if len(usable) == len(index):
-            z, y = self._forward(task, ctx, whole)
-        else:  # a device too small for this task: the plain computation
-            t, rows, _ = self.state(task, machine, telemetry)
-            keep = [index.index(i) for i in usable]
-            z, y = agent.actor.forward_one(t, rows[keep])
+            p, choices = self._kernel(task, ctx, whole, masks)
+            shares = [0.0] * machine.n
+            for i, v in zip(usable, p.tolist(), strict=True):
+                shares[i] = v
+            return shares, choices.tolist(), ctx
+        # a device too small for this task: the plain computation
+        t, rows, _ = self.state(task, machine, telemetry)
+        keep = [index.index(i) for i in usable]
+        z, y = agent.actor.forward_one(t, rows[keep])
         values = y.tolist()
+        heads = (*masks, *(None,) * (len(HEADS) - len(masks)))
         choices = [_argmax(values[s], allowed)
                    for s, allowed in zip(agent._slices, heads, strict=True)]
         h = agent.config.share_head
         c = 2 * (choices[h] if h >= 0 else 0)
-        log_time, log_fixed = z.T[c:c + 2].tolist()
-        p = waterfill_one(log_time, log_fixed)
+        p = fastpath.waterfill(np.ascontiguousarray(z[:, c]),
+                                  np.ascontiguousarray(z[:, c + 1]))
         shares = [0.0] * machine.n
-        for i, s in zip(usable, p, strict=True):
-            shares[i] = s
+        for i, v in zip(usable, p.tolist(), strict=True):
+            shares[i] = v
         return shares, choices, ctx
 
-    def _forward(self, task: TaskSpec, ctx: _Context, whole: Any
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`SetNet.forward_one` on the state of ``task`` with every
-        usable device, from the folded weights and the buffers of ``ctx``
-        (:class:`_Context`): the same values up to rounding, in a fraction
-        of the operations (``whole``: the task's work as one shard).
-
-        Returns ``(z (k, P), y (Q,))``, fresh arrays (the buffers they were
-        computed in are overwritten by the next call).
-        """
-        (scale, compute, memory, three, split, pipe, logs, xt_terms, xt_ext, x,
-         g1_sum, g1_max, g2_sum, g2_max, g2_ext, g2_ext_col, h3_in) = ctx.views
+    @staticmethod
+    def _kernel(task: TaskSpec, ctx: _Context, whole: Any,
+                masks: tuple[Sequence[bool], ...]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Shares over every usable device and the head choices, from the
+        folded weights of ``ctx`` (:class:`_Context`) by one call of the
+        compiled :func:`lib.policies.fastpath.act`: the values of
+        :meth:`SetNet.forward_one` on the task's state up to rounding
+        (``whole``: the task's work as one shard; ``masks``: the allowed
+        options of the first heads, the decoder's lists; the rest allow
+        all)."""
         terms = task_terms(task, whole)
         c = TASK_FEATURES
         ext = ctx.ext0.copy()  # a list: item assignment costs less
@@ -476,38 +487,12 @@ class LearnedPolicy:
         lf, lm, lfoot = task_logs(terms)
         ext[c], ext[c + 1], ext[c + 2] = lf / 3.0, lm / 3.0, -lfoot / 3.0
         flops, traffic, b_in, b_out, fixed, _ = terms
-        scale[:] = (b_in, b_out, max(flops, 1.0), fixed, 0.0, 0.0,
-                    max(traffic, 1.0))
-        t = ctx.times
-        np.multiply(ctx.inv, ctx.scale, out=t)
-        t += ctx.lat
-        np.maximum(compute, memory, out=compute)
-        np.maximum.reduce(three, axis=0, out=pipe)  # max(t_in, t_out, compute)
-        np.add.reduce(three, axis=0, out=split)  # t_in + t_out + compute
-        np.log10(logs, out=xt_terms)
-        g2_ext[:] = ext
-        xt_ext[:] = g2_ext_col
-        h1 = ctx.h1
-        np.dot(x, ctx.w1x, out=h1)
-        h1 += ctx.first
-        np.tanh(h1, out=h1)
-        h2 = h1
-        if ctx.w2 is not None:
-            h2 = ctx.h2
-            np.add.reduce(h1, axis=0, out=g1_sum)
-            np.maximum.reduce(h1, axis=0, out=g1_max)
-            np.dot(h1, ctx.w2, out=h2)
-            h2 += ctx.v2t.dot(ctx.g1)
-            np.tanh(h2, out=h2)
-        np.add.reduce(h2, axis=0, out=g2_sum)
-        np.maximum.reduce(h2, axis=0, out=g2_max)
-        np.dot(ctx.w3t, ctx.g2, out=h3_in)
-        np.tanh(h3_in, out=h3_in)
-        y = ctx.wyt.dot(ctx.h3)
-        z = np.dot(x, ctx.wzx)
-        z += ctx.skip
-        z += np.dot(h2, ctx.wz)
-        return z, y
+        scale = (b_in, b_out, max(flops, 1.0), fixed, 0.0, 0.0, max(traffic, 1.0))
+        return fastpath.act(tuple(ext), scale, ctx.inv, ctx.lat, ctx.w1x,
+                               ctx.first, ctx.w2, ctx.v2t, ctx.w3t, ctx.wyt,
+                               ctx.wzx, ctx.skip, ctx.wz,
+                               ctx.allowed_array(masks), ctx.bounds,
+                               ctx.share_head)
 
     def _act_flat(self, task: TaskSpec, machine: Machine,
                   telemetry: Snapshot | None
@@ -576,34 +561,6 @@ class LearnedPolicy:
                   "summary": json.loads(json.dumps(dict(summary or {}),
                                                    default=float))}
         return self.learner.save(path, header)
-
-
-def waterfill_one(log_time: Sequence[float], log_fixed: Sequence[float]
-                  ) -> list[float]:
-    """:func:`lib.learners.setnet.waterfill_forward` for one set of present
-    devices, on a handful of floats: the shares that equalise finish times."""
-    exp = math.exp
-    # clip to [-700, 700] (a NaN stays NaN, as np.clip leaves it)
-    rate = [exp(-(700.0 if a > 700.0 else -700.0 if a < -700.0 else a))
-            for a in log_time]
-    fixed = [exp(700.0 if b > 700.0 else -700.0 if b < -700.0 else b)
-             for b in log_fixed]
-    low = min(fixed)
-    fixed = [f - low for f in fixed]  # relative: no cancellation in T - f
-    order = sorted(range(len(rate)), key=fixed.__getitem__)
-    last = len(order) - 1
-    big_r = big_f = 0.0
-    t = math.inf
-    for m, i in enumerate(order):
-        r = rate[i]
-        big_r += r
-        big_f += r * fixed[i]
-        t = (1.0 + big_f) / big_r
-        if m == last or t <= fixed[order[m + 1]]:
-            break
-    # max(t - f, 0.0) * r, NaN kept
-    return [(0.0 if t - f < 0.0 else t - f) * r
-            for r, f in zip(rate, fixed, strict=True)]
 
 
 def _argmax(values: Sequence[float], allowed: Sequence[Any] | None) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from lib.contract import DTYPES, KINDS, MAX_DEVICES, TaskSpec
-from lib.platform.workloads import like_of, workload
+from lib.platform.workloads import like_of, whole_work, workload
 
 #: Version of the layout below; version 1 had eight fixed device slots.
 STATE_VERSION = 2
@@ -234,7 +234,7 @@ def encode_task(task: TaskSpec, out: np.ndarray, whole: Any = None) -> None:
     out[base + 3] = math.log2(task.split_size) / 32.0
     out[_T["task.merge_sum"]] = float(task.merge == "sum")
     if whole is None:
-        whole = workload(task).work(task, task.split_size)
+        whole = whole_work(task)
     out[_T["task.log_flops"]] = (math.log10(max(whole.flops, 1.0)) - 9.0) / 3.0
     out[_T["task.log_bytes"]] = (math.log10(max(whole.mem_traffic, 1.0)) - 7.0) / 3.0
     out[_T["task.log_io"]] = (math.log10(max(whole.bytes_in + whole.bytes_out, 1.0))
@@ -247,7 +247,7 @@ def task_terms(task: TaskSpec, whole: Any = None
     every shard needs, and footprint (what the device rows divide); ``whole``:
     its work as one shard, where the caller has it."""
     w = workload(task)
-    whole = whole if whole is not None else w.work(task, task.split_size)
+    whole = whole if whole is not None else whole_work(task)
     fixed = w.work(task, 1).bytes_in_fixed
     return (whole.flops, whole.mem_traffic, whole.bytes_in, whole.bytes_out,
             fixed, whole.footprint)

@@ -80,7 +80,7 @@ from lib.contract import (
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import split_rows, workload
+from lib.platform.workloads import split_rows, whole_work, workload
 from lib.security.verdict import Verdict, Violation
 
 #: Fraction of free memory a shard may not use (allocator slack, fragmentation).
@@ -120,6 +120,8 @@ def _number_problem(value: Any) -> tuple[str, str] | None:
 
 def _as_fields(decision: Any, out: list[Violation]) -> dict[str, Any] | None:
     """The decision's fields as a dict, or None (with violations) if unusable."""
+    if type(decision) is Decision:  # a frozen dataclass: its fields only
+        return dict(decision.__dict__)
     if isinstance(decision, Decision):
         return {f: getattr(decision, f) for f in DECISION_FIELDS}
     if isinstance(decision, (str, bytes)):
@@ -142,10 +144,26 @@ def _as_fields(decision: Any, out: list[Violation]) -> dict[str, Any] | None:
     return fields
 
 
+def _plain_lists(gpus: Any, shares: Any) -> bool:
+    """Whether ``gpus`` and ``shares`` are lists or tuples of 1 to
+    :data:`MAX_DEVICES` ints in ``[0, MAX_DEVICES)`` and finite floats:
+    the form every policy writes, which :func:`_check_form` then need not
+    look at item by item."""
+    isfinite = math.isfinite
+    return (type(gpus) in (tuple, list) and type(shares) in (tuple, list)
+            and 1 <= len(gpus) <= MAX_DEVICES and 1 <= len(shares) <= MAX_DEVICES
+            and all([type(g) is int and 0 <= g < MAX_DEVICES for g in gpus])
+            and all([type(x) is float and isfinite(x) for x in shares]))
+
+
 def _check_form(f: dict[str, Any], out: list[Violation]) -> bool:
     """Types and bounds; returns whether the fields are usable further on."""
     ok = True
-    for name in ("gpus", "shares"):
+    if _plain_lists(f.get("gpus"), f.get("shares")):
+        lists: tuple[str, ...] = ()  # what a policy writes: nothing to report
+    else:
+        lists = ("gpus", "shares")
+    for name in lists:
         value = f.get(name)
         if name not in f:
             ok = False
@@ -180,6 +198,8 @@ def _check_form(f: dict[str, Any], out: list[Violation]) -> bool:
         if name not in f:
             ok = False
             continue
+        if type(f[name]) is int and 1 <= f[name] <= high:
+            continue  # what a policy writes
         problem = _int_problem(f[name])
         if problem:
             out.append(Violation(problem[0], f"{name}: {problem[1]}"))
@@ -215,7 +235,7 @@ def _check_contract(f: dict[str, Any], out: list[Violation]) -> bool:
         out.append(Violation("contract.length", f"{len(gpus)} gpus but "
                                                 f"{len(shares)} shares"))
         ok = False
-    for i, s in enumerate(shares):
+    for i, s in enumerate(shares if min(shares) <= 0 else ()):
         if s < 0 or math.copysign(1.0, s) < 0:
             why = "" if s < 0 else " (negative zero hashes apart from 0 and 0.0)"
             out.append(Violation("contract.negative_share",
@@ -227,7 +247,7 @@ def _check_contract(f: dict[str, Any], out: list[Violation]) -> bool:
                                                    f"(tolerance {SHARE_SUM_TOL})"))
         ok = False
     seen: set[int] = set()
-    for g in gpus:
+    for g in gpus if len(set(gpus)) < len(gpus) else ():
         if g in seen:
             out.append(Violation("contract.duplicate_device",
                                  f"device {g} is listed twice"))
@@ -291,7 +311,7 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
     # No shard needs more than the whole task (a shard's footprint never
     # exceeds the footprint of all the rows; tests/test_gate1.py holds every
     # workload to it), so a task that fits whole on each device needs no cuts.
-    whole = w.work(task, task.split_size).footprint
+    whole = whole_work(task).footprint
     if all(whole <= (telemetry.free_bytes[g] if telemetry is not None
                      else machine.devices[g].mem_bytes) * (1.0 - MEMORY_MARGIN)
            for g in gpus):
