@@ -555,14 +555,37 @@ def _task_text(task: TaskSpec) -> str | None:
     if cached is not None and cached[0] == sizes:
         return cached[1]
     dim = task.divisible_dim
-    if not (type(dim) is int and _plain(task.kind) and _plain(task.dtype)
-            and _plain(task.merge) and all(_plain(k) for k, _ in sizes)):
-        return None
-    named = ",".join(f'"{k}":{dims[k]}' for k in sorted(dims))
-    text = (f'{{"dims":{{{named}}},"divisible_dim":{dim},"dtype":"{task.dtype}",'
-            f'"kind":"{task.kind}","merge":"{task.merge}"}}')
+    names = tuple(dims)
+    shape = (task.kind, names, dim, task.dtype, task.merge)
+    form = _TASK_FORMS.get(shape) if _hashable(shape) else None
+    if form is None:
+        if not (type(dim) is int and _plain(task.kind) and _plain(task.dtype)
+                and _plain(task.merge) and all(_plain(k) for k in names)):
+            return None
+        order = sorted(range(len(names)), key=names.__getitem__)
+        named = ",".join(f'"{names[i]}":%d' for i in order)
+        form = (f'{{"dims":{{{named}}},"divisible_dim":{dim},"dtype":'
+                f'"{task.dtype}","kind":"{task.kind}","merge":"{task.merge}"}}',
+                tuple(order))
+        if len(_TASK_FORMS) < 4096:
+            _TASK_FORMS[shape] = form
+    text = form[0] % tuple([sizes[i][1] for i in form[1]])
     task.__dict__["_canonical"] = (sizes, text)
     return text
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+#: :func:`_task_text`'s format per task shape (kind, dimension names in
+#: order, split dimension, dtype, merge): the text with the sizes left out
+#: (``%d``, in sorted name order) and where each size comes from.
+_TASK_FORMS: dict[tuple[Any, ...], tuple[str, tuple[int, ...]]] = {}
 
 
 def _canonical_text(task: TaskSpec, decision: Decision) -> str | None:

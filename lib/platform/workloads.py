@@ -32,7 +32,7 @@ from lib.contract import TaskSpec
 Arrays = dict[str, np.ndarray]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ShardWork:
     """What one shard costs.
 
@@ -54,6 +54,16 @@ class ShardWork:
     bytes_in_fixed: float
     bytes_out: float
     footprint: float
+
+    def __init__(self, rows: int, flops: float, mem_traffic: float,
+                 bytes_in_rows: float, bytes_in_fixed: float, bytes_out: float,
+                 footprint: float) -> None:
+        # what the frozen dataclass's own __init__ does, in one step: a
+        # shard's work is counted for every decision
+        self.__dict__.update(rows=rows, flops=flops, mem_traffic=mem_traffic,
+                             bytes_in_rows=bytes_in_rows,
+                             bytes_in_fixed=bytes_in_fixed, bytes_out=bytes_out,
+                             footprint=footprint)
 
     @property
     def bytes_in(self) -> float:

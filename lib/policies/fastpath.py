@@ -79,12 +79,29 @@ def _tanh(x: float) -> float:
 
 @_jit
 def _layer(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """``out += x @ w`` for a matrix ``x`` (rows), by rows of ``w``."""
-    for d in range(x.shape[0]):
+    """``out += x @ w`` for a matrix ``x`` (rows), by rows of ``w``, four
+    rows of ``x`` at a time (each row of ``w`` loaded once for the four)."""
+    k = x.shape[0]
+    width = w.shape[1]
+    d = 0
+    while d + 4 <= k:
         for i in range(x.shape[1]):
-            xi = x[d, i]
-            for j in range(w.shape[1]):
-                out[d, j] += xi * w[i, j]
+            a0 = x[d, i]
+            a1 = x[d + 1, i]
+            a2 = x[d + 2, i]
+            a3 = x[d + 3, i]
+            for j in range(width):
+                wij = w[i, j]
+                out[d, j] += a0 * wij
+                out[d + 1, j] += a1 * wij
+                out[d + 2, j] += a2 * wij
+                out[d + 3, j] += a3 * wij
+        d += 4
+    for r in range(d, k):
+        for i in range(x.shape[1]):
+            a = x[r, i]
+            for j in range(width):
+                out[r, j] += a * w[i, j]
 
 
 @_jit

@@ -304,18 +304,21 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
         if not nccl:
             out.append(Violation("feasibility.nccl", f"NCCL is not available on "
                                                      f"{machine.name}"))
-    if len(gpus) != len(shares) or any(s < 0 for s in shares) \
+    if len(gpus) != len(shares) or not shares or min(shares) < 0 \
             or math.fsum(shares) <= 0:
         return
-    w = workload(task)
     # No shard needs more than the whole task (a shard's footprint never
     # exceeds the footprint of all the rows; tests/test_gate1.py holds every
     # workload to it), so a task that fits whole on each device needs no cuts.
     whole = whole_work(task).footprint
-    if all(whole <= (telemetry.free_bytes[g] if telemetry is not None
-                     else machine.devices[g].mem_bytes) * (1.0 - MEMORY_MARGIN)
-           for g in gpus):
+    keep = 1.0 - MEMORY_MARGIN
+    if telemetry is not None:
+        free = telemetry.free_bytes
+        if all([whole <= free[g] * keep for g in gpus]):
+            return
+    elif all([whole <= machine.devices[g].mem_bytes * keep for g in gpus]):
         return
+    w = workload(task)
     for pos, (g, (lo, hi)) in enumerate(zip(gpus, split_rows(task.split_size, shares),
                                             strict=True)):
         need = w.work(task, hi - lo).footprint
