@@ -40,6 +40,10 @@ FASTMATH = {"reassoc", "contract"}
 
 _jit = njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 
+#: ``1 / n!`` for n = 13 down to 0: the Taylor series of ``e^y`` after its
+#: 14th term, in Horner order.
+_TAYLOR = tuple(1.0 / math.factorial(n) for n in range(13, -1, -1))
+
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy",
       inline="always")
@@ -52,27 +56,11 @@ def _tanh(x: float) -> float:
     stays NaN)."""
     a = min(abs(x), 20.0)
     y = a * 0.03125
-    p = 1.0 / 87178291200.0  # 1 / 14!
-    p = p * y + 1.0 / 6227020800.0
-    p = p * y + 1.0 / 479001600.0
-    p = p * y + 1.0 / 39916800.0
-    p = p * y + 1.0 / 3628800.0
-    p = p * y + 1.0 / 362880.0
-    p = p * y + 1.0 / 40320.0
-    p = p * y + 1.0 / 5040.0
-    p = p * y + 1.0 / 720.0
-    p = p * y + 1.0 / 120.0
-    p = p * y + 1.0 / 24.0
-    p = p * y + 1.0 / 6.0
-    p = p * y + 1.0 / 2.0
-    p = p * y + 1.0
-    p = p * y + 1.0
-    p = p * p
-    p = p * p
-    p = p * p
-    p = p * p
-    p = p * p
-    p = p * p
+    p = 1.0 / 87178291200.0  # 1 / 14!, then Horner down to 1 / 0!
+    for c in _TAYLOR:
+        p = p * y + c
+    for _ in range(6):  # e^(2|x|) = (e^y)^64
+        p = p * p
     r = 1.0 - 2.0 / (p + 1.0)
     return r if x >= 0.0 else -r
 
