@@ -33,6 +33,9 @@ $(STAMP): pyproject.toml Makefile
 	@mkdir -p _build/tmp
 	TMPDIR=$(CURDIR)/_build/tmp $(BIN)/python -m ipykernel install --sys-prefix --name gpuhive --display-name "Python (GPUHive)" > /dev/null
 	@rm -rf _build/tmp
+	@# one decision compiles the learned policy's kernel (Numba caches it beside
+	@# lib/policies/fastpath.py), so a user's first decision does not wait for it
+	$(BIN)/gpuhive decide --kind reduce --dim N=4096 > /dev/null
 	@touch $(STAMP)
 
 install venv: $(STAMP)
