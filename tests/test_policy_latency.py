@@ -63,10 +63,12 @@ def reference_decide(policy: LearnedPolicy, task, machine, telemetry):
     return shares, ch, decision_from_weights_row(task, w, *ch, hashed=False)
 
 
-def random_policy(seed: int, features: str, use_mask: bool) -> LearnedPolicy:
+def random_policy(seed: int, features: str, use_mask: bool,
+                  hidden: tuple[int, int, int] = (64, 64, 64)) -> LearnedPolicy:
     """A set policy with large random weights, so every head and mode gets
-    chosen."""
-    agent = make_learner(TrainConfig(seed=seed))
+    chosen (``hidden``: the set network's widths; a 0 in the middle leaves
+    out the item layer after the pool)."""
+    agent = make_learner(TrainConfig(seed=seed, hidden=hidden))
     rng = np.random.default_rng(seed)
     for key, value in agent.actor.params.items():
         agent.actor.params[key] = value + rng.normal(scale=1.0, size=value.shape)
@@ -97,7 +99,8 @@ def test_fast_decide_is_the_plain_computation():
     rng = np.random.default_rng(0)
     modes = set()
     policies = [random_policy(seed, f, u) for seed in (1, 2)
-                for f in FEATURE_SETS for u in (True, False)] + [load_policy()]
+                for f in FEATURE_SETS for u in (True, False)] + [
+        load_policy(), random_policy(4, "all", True, (32, 0, 48))]
     for policy in policies:
         for machine in machines():
             for telemetry in telemetries(machine, rng):
