@@ -555,12 +555,17 @@ def _task_text(task: TaskSpec) -> str | None:
     if cached is not None and cached[0] == sizes:
         return cached[1]
     dim = task.divisible_dim
+    if type(dim) is not int:  # True or 1.0 would find the form of 1
+        return None
     names = tuple(dims)
     shape = (task.kind, names, dim, task.dtype, task.merge)
-    form = _TASK_FORMS.get(shape) if _hashable(shape) else None
+    try:
+        form = _TASK_FORMS.get(shape)
+    except TypeError:  # a field swapped for an unhashable value
+        return None
     if form is None:
-        if not (type(dim) is int and _plain(task.kind) and _plain(task.dtype)
-                and _plain(task.merge) and all(_plain(k) for k in names)):
+        if not (_plain(task.kind) and _plain(task.dtype) and _plain(task.merge)
+                and all(_plain(k) for k in names)):
             return None
         order = sorted(range(len(names)), key=names.__getitem__)
         named = ",".join(f'"{names[i]}":%d' for i in order)
@@ -572,14 +577,6 @@ def _task_text(task: TaskSpec) -> str | None:
     text = form[0] % tuple([sizes[i][1] for i in form[1]])
     task.__dict__["_canonical"] = (sizes, text)
     return text
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 #: :func:`_task_text`'s format per task shape (kind, dimension names in

@@ -243,6 +243,19 @@ def test_canonical_json_follows_a_task_changed_in_place():
     assert canonical_json(task, decision) == _documented_json(task, decision)
 
 
+@pytest.mark.parametrize("swapped", [False, 0.0])
+def test_canonical_json_of_a_swapped_split_dim_is_not_a_cached_form(swapped):
+    """A task whose ``divisible_dim`` was swapped for a value equal to a
+    valid one (``False == 0 == 0.0``) is written as JSON writes it, not from
+    the text format kept for the valid shape."""
+    decision = Decision.from_json(DECISION_JSON)
+    plain = TaskSpec("stencil", {"H": 64, "W": 64, "T": 2}, divisible_dim=0)
+    canonical_json(plain, decision)  # keeps the form of divisible_dim 0
+    task = TaskSpec("stencil", {"H": 64, "W": 64, "T": 2}, divisible_dim=0)
+    object.__setattr__(task, "divisible_dim", swapped)
+    assert canonical_json(task, decision) == _documented_json(task, decision)
+
+
 def test_task_features_are_the_state_head(hetero4):
     task = TaskSpec("stencil", {"H": 4096, "W": 1000, "T": 7}, "fp16")
     head = np.zeros(TASK_FEATURES)

@@ -411,8 +411,8 @@ _LAST_WHOLE: tuple[object, ...] = (None, None, None, None)
 
 
 def whole_work(task: TaskSpec) -> ShardWork:
-    """``workload(task).work(task, task.split_size)``: the task's work as one
-    shard. The last one is kept with the task object, workload and sizes it
+    """``workload(task).total_work(task)``: the task's work as one shard.
+    The last one is kept with the task object, workload and sizes it
     was computed for, so that the policy and Gate 1 deciding one task count
     it once; a task whose ``dims`` were changed in place, or a kind
     registered again, is counted afresh."""
@@ -423,7 +423,7 @@ def whole_work(task: TaskSpec) -> ShardWork:
     last = _LAST_WHOLE
     if last[0] is task and last[1] is w and last[2] == sizes:
         return last[3]
-    whole = w.work(task, dims[task.split_name])
+    whole = w.total_work(task)
     _LAST_WHOLE = (task, w, sizes, whole)
     return whole
 

@@ -438,7 +438,6 @@ class LearnedPolicy:
         if not self.is_set:
             return self._act_flat(task, machine, telemetry)
         ctx = self._context(task, machine, telemetry)
-        agent: SetPPOAgent = self.learner
         index = ctx.index
         whole = whole_work(task)
         masks: tuple[Sequence[bool], ...] = ()  # block, mode, path: allowed
@@ -447,27 +446,32 @@ class LearnedPolicy:
             device, masks = ctx.decoder.allowed(task, whole.footprint)
             usable = [i for i in index if device[i]]
         if len(usable) == len(index):
-            p, choices = self._kernel(task, ctx, whole, masks)
-            shares = [0.0] * machine.n
-            for i, v in zip(usable, p.tolist(), strict=True):
-                shares[i] = v
-            return shares, choices.tolist(), ctx
-        # a device too small for this task: the plain computation
-        t, rows, _ = self.state(task, machine, telemetry)
-        keep = [index.index(i) for i in usable]
-        z, y = agent.actor.forward_one(t, rows[keep])
+            p, picked = self._kernel(task, ctx, whole, masks)
+            choices = picked.tolist()
+        else:  # a device too small for this task: the plain computation
+            p, choices = self._plain(task, machine, telemetry, usable, masks)
+        shares = [0.0] * machine.n
+        for i, v in zip(usable, p.tolist(), strict=True):
+            shares[i] = v
+        return shares, choices, ctx
+
+    def _plain(self, task: TaskSpec, machine: Machine, telemetry: Snapshot | None,
+               usable: list[int], masks: tuple[Sequence[bool], ...]
+               ) -> tuple[np.ndarray, list[int]]:
+        """Shares over ``usable`` and the head choices by the actor's own
+        forward pass on the rows of those devices (``masks``: as for
+        :meth:`_kernel`)."""
+        agent: SetPPOAgent = self.learner
+        t, rows, index = self.state(task, machine, telemetry)
+        z, y = agent.actor.forward_one(t, rows[[index.index(i) for i in usable]])
         values = y.tolist()
         heads = (*masks, *(None,) * (len(HEADS) - len(masks)))
         choices = [_argmax(values[s], allowed)
                    for s, allowed in zip(agent._slices, heads, strict=True)]
         h = agent.config.share_head
         c = 2 * (choices[h] if h >= 0 else 0)
-        p = fastpath.waterfill(np.ascontiguousarray(z[:, c]),
-                                  np.ascontiguousarray(z[:, c + 1]))
-        shares = [0.0] * machine.n
-        for i, v in zip(usable, p.tolist(), strict=True):
-            shares[i] = v
-        return shares, choices, ctx
+        return fastpath.waterfill(np.ascontiguousarray(z[:, c]),
+                                  np.ascontiguousarray(z[:, c + 1])), choices
 
     @staticmethod
     def _kernel(task: TaskSpec, ctx: _Context, whole: Any,
