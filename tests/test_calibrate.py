@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -24,7 +25,7 @@ from lib.costmodel.parameters import (
     save_params,
 )
 from lib.costmodel.runs import average_ranks, parse_runs, spearman
-from lib.platform.machines import load_machine
+from lib.platform.machines import local_cpu_machine
 from lib.storage import calibration_path
 
 #: What the synthetic machine "really" does (binding roofline terms only).
@@ -35,7 +36,9 @@ TRUTH = {("compute_eff", ("cpu", "matmul")): 1.6,
          ("memory_eff", ("cpu", "stencil")): 0.3,
          ("memory_eff", ("cpu", "histogram")): 0.15,
          ("launch_s", "cpu"): 4e-4,
-         ("link_scale", "cpu"): 1.3}
+         ("link_scale", "cpu"): 1.3,
+         ("cache_bw", "cpu"): 1.5,
+         ("corun", "cpu"): 0.12}
 SIZES = {"matmul": [{"M": n, "N": n, "K": n} for n in (64, 128, 256, 512, 1024)]
          + [{"M": 8, "N": n, "K": n} for n in (512, 1024, 2048)],
          "elementwise": [{"N": n} for n in (10**4, 10**5, 10**6, 10**7)],
@@ -44,9 +47,16 @@ SIZES = {"matmul": [{"M": n, "N": n, "K": n} for n in (64, 128, 256, 512, 1024)]
          "stencil": [{"H": n, "W": n, "T": 4} for n in (64, 256, 1024, 2048)]}
 
 
+#: The synthetic machine's last-level cache: fixed, so that which sizes fit
+#: (and so the cache term) does not depend on the computer the tests run on.
+CACHE_BYTES = 32 * 2**20
+
+
 @pytest.fixture(scope="module")
 def machine():
-    return load_machine("local-cpu")
+    real = local_cpu_machine(2)  # two devices: one shard against two
+    return dataclasses.replace(real, devices=tuple(
+        dataclasses.replace(d, cache_bytes=CACHE_BYTES) for d in real.devices))
 
 
 def truth_params():
@@ -373,3 +383,65 @@ def test_a_term_the_runs_left_off_saves_and_loads(machine):
     bad["launch_s"]["cpu"] = 0.0
     with pytest.raises(CalibrationError, match=r"launch_s\.cpu must be a positive"):
         params_from_json(bad)
+
+
+def test_the_cache_and_co_running_terms_save_and_load(machine):
+    params = truth_params()
+    assert params.cache_bw == {"cpu": 1.5} and params.corun == {"cpu": 0.12}
+    again = params_from_json(params_to_json(params))
+    assert again.cache_bw == params.cache_bw and again.corun == params.corun
+    # a file from before the terms: both off
+    old = params_to_json(params)
+    del old["cache_bw"], old["corun"]
+    assert params_from_json(old).cache_bw == {} and params_from_json(old).corun == {}
+    bad = params_to_json(params)
+    bad["cache_bw"]["cpu"] = 0.0
+    with pytest.raises(CalibrationError, match=r"cache_bw\.cpu must be a positive"):
+        params_from_json(bad)
+    bad = params_to_json(params)
+    bad["corun"]["cpu"] = -0.1
+    with pytest.raises(CalibrationError, match=r"corun\.cpu must be a non-negative"):
+        params_from_json(bad)
+
+
+def test_a_machine_without_a_known_cache_fits_no_cache_term(machine):
+    blind = dataclasses.replace(machine, devices=tuple(
+        dataclasses.replace(d, cache_bytes=0.0) for d in machine.devices))
+    runs = parse_runs(synthetic_runs(blind, default_params(), noise=0.0), blind)
+    names = {s.name for s in slots_for(blind, runs)}
+    assert "cache_bw[cpu]" not in names and "corun[cpu]" in names
+    assert "cache_bw[cpu]" in {s.name for s in slots_for(machine, runs)}
+
+
+def test_the_folds_of_the_cross_validation_are_stratified_and_seeded(machine):
+    from lib.costmodel.runs import cv_folds
+
+    runs = parse_runs(synthetic_runs(machine, truth_params(), noise=0.0), machine)
+    fold = cv_folds(runs, 5, seed=3)
+    assert fold == cv_folds(runs, 5, seed=3) and fold != cv_folds(runs, 5, seed=4)
+    for kind in {r.task.kind for r in runs}:
+        counts = np.bincount([f for f, r in zip(fold, runs, strict=True)
+                              if r.task.kind == kind], minlength=5)
+        assert counts.max() - counts.min() <= 1      # each kind dealt evenly
+    with pytest.raises(CalibrationError, match="at least 2 folds"):
+        cv_folds(runs, 1, seed=0)
+
+
+def test_the_report_cross_validates_every_run(machine, tmp_path):
+    runs = synthetic_runs(machine, truth_params(), noise=0.01)
+    report = calibrate(machine, runs, seed=0)
+    cv = report.cross_validation
+    assert cv["folds"] == 5 and cv["runs"] == len(runs)
+    assert cv["median_ape_pct"] < 3.0 and cv["spearman"] > 0.99
+    assert "5-fold cross-validation" in report.summary()
+    assert report.to_json()["cross_validation"]["runs"] == len(runs)
+    # runs the model cannot describe (20 % noise) show in the folds' error too
+    noisy = synthetic_runs(machine, truth_params(), noise=0.2)
+    assert calibrate(machine, noisy, seed=0).cross_validation["median_ape_pct"] > 8.0
+    assert calibrate(machine, runs, seed=0, folds=0).cross_validation == {}
+    # the command line refuses one fold in one line
+    p = subprocess.run([sys.executable, "-m", "lib.cli", "calibrate", "--folds", "1"],
+                       capture_output=True, text=True,
+                       env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
+    assert p.returncode == 2 and "--folds 1" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -260,3 +260,72 @@ def test_the_scheduler_wait_comes_once_per_shard_on_measured_shared_devices():
         with_wait = predict(task, dec, machine, shared, params).devices[0]
         without = predict(task, dec, machine, shared, default_params()).devices[0]
         assert with_wait.t_launch - without.t_launch == pytest.approx(3e-3)
+
+
+def _two_cores(cache_bytes: float):
+    """local-cpu with two devices and a last-level cache of ``cache_bytes``."""
+    real = local_cpu_machine(2)
+    return _replace(real, devices=tuple(_replace(d, cache_bytes=cache_bytes)
+                                        for d in real.devices))
+
+
+def test_a_task_that_fits_half_the_cache_reads_memory_faster():
+    from lib.contract import decision_from_weights
+    from lib.costmodel.model import CACHE_FIT, cache_factor
+
+    machine = _two_cores(32 * 2**20)
+    params = _replace(default_params(), cache_bw={"cpu": 1.5})
+    # elementwise reads two fp32 arrays and writes one: 12 bytes an element
+    fits = TaskSpec("elementwise", {"N": int(CACHE_FIT * 32 * 2**20) // 12})
+    spills = TaskSpec("elementwise", {"N": int(CACHE_FIT * 32 * 2**20) // 12 + 1})
+    assert cache_factor(fits, machine, 0, params) == 1.5
+    assert cache_factor(spills, machine, 0, params) == 1.0
+    # off without the fitted multiple, and on a device whose cache is unknown
+    assert cache_factor(fits, machine, 0, default_params()) == 1.0
+    assert cache_factor(fits, _two_cores(0.0), 0, params) == 1.0
+    dec = decision_from_weights(fits, [0], [1.0]).with_hash(fits)
+    fast = predict(fits, dec, machine, None, params).devices[0]
+    slow = predict(fits, dec, machine, None, default_params()).devices[0]
+    # elementwise is memory-bound on a core: its compute time is the memory one
+    assert slow.t_comp / fast.t_comp == pytest.approx(1.5)
+
+
+def test_the_cache_term_keeps_the_split_time_affine_in_rows():
+    """The oracle's search reads t_i(r) off the model at r = 1 and r = 2: with
+    the cache decided for the whole task, that line is what predict says at
+    every r, a whole-task shard included."""
+    from lib.contract import decision_from_weights
+    from lib.costmodel.model import split_time_coefficients
+
+    machine = _two_cores(32 * 2**20)
+    params = _replace(default_params(), cache_bw={"cpu": 1.7})
+    for n in (10_000, 1_000_000, 10_000_000):   # in the cache, and out of it
+        task = TaskSpec("reduce", {"N": n})
+        a, b, c, d, e, f = split_time_coefficients(task, machine, 0, params)
+        for share in (0.25, 1.0):
+            dec = decision_from_weights(task, [0, 1], [share, 1 - share]) \
+                if share < 1 else decision_from_weights(task, [0], [1.0])
+            dec = dec.with_hash(task)
+            part = predict(task, dec, machine, None, params).devices[0]
+            r = part.rows
+            assert part.total == pytest.approx(a + b * r + max(c + d * r, e + f * r),
+                                               rel=1e-9)
+
+
+def test_co_running_cores_stretch_each_others_compute():
+    from lib.contract import decision_from_weights
+
+    machine = _two_cores(0.0)
+    task = TaskSpec("elementwise", {"N": 1 << 22})
+    params = _replace(default_params(), corun={"cpu": 0.2})
+    both = decision_from_weights(task, [0, 1], [0.5, 0.5]).with_hash(task)
+    alone = _replace(both, shares=(1.0, 0.0)).with_hash(task)
+    with_corun = predict(task, both, machine, None, params).devices
+    without = predict(task, both, machine, None, default_params()).devices
+    for got, base in zip(with_corun, without, strict=True):
+        assert got.t_comp == pytest.approx(1.2 * base.t_comp)   # 1 + 0.2 (2 - 1)
+        assert got.t_in == base.t_in and got.t_out == base.t_out
+    # one shard runs alone: nothing to share
+    assert predict(task, alone, machine, None, params).devices[0].t_comp == \
+        pytest.approx(predict(task, alone, machine, None,
+                              default_params()).devices[0].t_comp)

@@ -124,3 +124,24 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(MachineError, match="not a regular file"):
         load_machine(str(fifo))
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    from lib.platform.hostinfo import last_level_cache
+
+    for name, level, kind, size in (("index0", 1, "Data", "48K"),
+                                    ("index1", 1, "Instruction", "32K"),
+                                    ("index2", 2, "Unified", "1024K"),
+                                    ("index3", 3, "Unified", "32768K")):
+        folder = tmp_path / name
+        folder.mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size),
+                             ("shared_cpu_list", "0-1")):
+            (folder / field).write_text(f"{value}\n")
+    nbytes, where = last_level_cache(str(tmp_path))
+    assert nbytes == 32 * 2**20
+    assert "level 3" in where and "0-1" in where
+    # no such folder, or an unreadable size: the term is off, saying why
+    assert last_level_cache(str(tmp_path / "absent"))[0] == 0.0
+    (tmp_path / "index3" / "size").write_text("lots\n")
+    assert last_level_cache(str(tmp_path))[0] == 2**20   # the L2 is left

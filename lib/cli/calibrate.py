@@ -35,7 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--holdout", type=finite_float(0.0, 1.0), default=0.3,
                    help="fraction of runs held out for scoring "
                         "(default: %(default)s)")
-    add_seed(p, "split into fitted and held-out runs")
+    p.add_argument("--folds", type=int, default=5, metavar="K",
+                   help="also cross-validate the fit K-fold: every run predicted "
+                        "by a fit to the other folds, a steadier figure than one "
+                        "split (0: skip; default: %(default)s)")
+    add_seed(p, "split into fitted and held-out runs (and of the folds)")
     p.add_argument("--score", metavar="FILE",
                    help="fit nothing: score the saved calibration of --machine on "
                         "the runs of another characterisation FILE (e.g. one "
@@ -57,9 +61,13 @@ def run(args: argparse.Namespace) -> int:
     for runs in args.characterisation or [characterisation_path(args.machine)]:
         if os.path.lexists(runs):
             read_json(runs, "characterisation")
+    if args.folds < 0 or args.folds == 1:
+        raise UsageError(f"--folds {args.folds}: expected 0 (no cross-validation) "
+                         "or at least 2")
     try:
         report = calibrate_machine(args.machine, args.characterisation,
-                                   holdout=args.holdout, seed=args.seed)
+                                   holdout=args.holdout, seed=args.seed,
+                                   folds=args.folds)
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     emit(args, report.to_json(), report.summary())

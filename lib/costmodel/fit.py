@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lib.contract import KINDS
-from lib.costmodel.model import CostParams, default_params, predict
+from lib.costmodel.model import CACHE_FIT, CostParams, default_params, predict
 from lib.costmodel.parameters import CalibrationError
 from lib.costmodel.runs import MeasuredRun
 from lib.platform.machines import Machine
@@ -50,11 +50,12 @@ HUBER_K = 1.345
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
-           "host_s": (1e-8, 1.0)}
+           "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
 #: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice;
-#: the host's cost of a shard at 10 us, a message to a worker and back.
-_START = {"sched_wait": 1e-4, "host_s": 1e-5}
+#: the host's cost of a shard at 10 us, a message to a worker and back; two
+#: co-running devices at 5 % slower each.
+_START = {"sched_wait": 1e-4, "host_s": 1e-5, "corun": 0.05}
 
 
 
@@ -66,7 +67,7 @@ class _Slot:
     """Where one fitted number lives in CostParams."""
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
-                          # contention / sched_wait / host_s
+                          # contention / sched_wait / host_s / cache_bw / corun
     key: Any              # (device kind, kind) or device kind
 
     @property
@@ -88,6 +89,10 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.sched_wait.get(slot.key, 0.0)
     if slot.table == "host_s":
         return params.host_s.get(slot.key, 0.0)
+    if slot.table == "cache_bw":
+        return params.cache_bw.get(slot.key, 1.0)
+    if slot.table == "corun":
+        return params.corun.get(slot.key, 0.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -99,7 +104,9 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "link_scale": dict(params.link_scale),
               "contention": dict(params.contention),
               "sched_wait": dict(params.sched_wait),
-              "host_s": dict(params.host_s)}
+              "host_s": dict(params.host_s),
+              "cache_bw": dict(params.cache_bw),
+              "corun": dict(params.corun)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, source=source or params.source,
@@ -126,6 +133,10 @@ class _FastModel:
         g_col: list[int] = []
         w_col: list[int] = []
         h_col: list[int] = []
+        c_col: list[int] = []       # cache_bw slot, where the task fits the cache
+        r_col: list[int] = []       # corun slot
+        peers: list[float] = []     # k - 1: co-running devices of the same kind
+        fits: list[float] = []      # 1 where the task's data fit the cache
         stretch: list[float] = []   # 1 / capacity the run had on the device
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
@@ -136,12 +147,23 @@ class _FastModel:
                 self.slow.append(r)
                 continue
             w = workload(task)
+            whole = w.total_work(task)
+            active = [g for g, (lo, hi) in zip(dec.gpus, split_rows(
+                task.split_size, dec.shares), strict=True) if hi > lo]
             for dev_index, (lo, hi) in zip(dec.gpus, split_rows(task.split_size,
                                                                dec.shares),
                                            strict=True):
                 if hi == lo:
                     continue
                 dev = machine.devices[dev_index]
+                fit = 0 < whole.bytes_in + whole.bytes_out \
+                    <= CACHE_FIT * dev.cache_bytes
+                fits.append(1.0 if fit else 0.0)
+                c_col.append(index.get(_Slot("cache_bw", dev.kind), -1) if fit
+                             else -1)
+                r_col.append(index.get(_Slot("corun", dev.kind), -1))
+                peers.append(float(sum(machine.devices[g].kind == dev.kind
+                                       for g in active) - 1))
                 link = machine.host_link(dev_index)
                 work = w.work(task, hi - lo)
                 cols["flops"].append(work.flops)
@@ -172,7 +194,8 @@ class _FastModel:
                                    ("launch_s", launch_key), ("link_scale", dev.kind),
                                    ("contention", dev.kind),
                                    ("sched_wait", dev.kind),
-                                   ("host_s", dev.kind)):
+                                   ("host_s", dev.kind), ("cache_bw", dev.kind),
+                                   ("corun", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -187,6 +210,9 @@ class _FastModel:
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
         self.g_col, self.w_col = np.asarray(g_col), np.asarray(w_col)
         self.h_col = np.asarray(h_col)
+        self.c_col, self.r_col = np.asarray(c_col), np.asarray(r_col)
+        self.peers = np.asarray(peers, float)
+        self.fits = np.asarray(fits, float)
         #: t_host applies off a Dask cluster only (lib.costmodel.model.host_seconds)
         self.host_on = 0.0 if machine.cluster else 1.0
         self.owner = np.asarray(owner, int)
@@ -210,8 +236,11 @@ class _FastModel:
             launch = pick(self.l_col, d["launch_s"])
             scale = pick(self.s_col, d["link_scale"])
             bw = c["link_bw"] * scale
+            # the cache's multiple applies where the task fits (else 1)
+            cache = np.where(self.fits > 0, pick(self.c_col, d["cache_bw"]), 1.0)
             comp = np.maximum(c["flops"] / (c["peak"] * e),
-                              c["traffic"] / (c["bw"] * em))
+                              c["traffic"] / (c["bw"] * em * cache)) \
+                * (1.0 + pick(self.r_col, d["corun"]) * self.peers)
             if self.stretched:
                 comp = comp * self.stretch ** pick(self.g_col, d["contention"])
                 # the scheduler wait (lib.costmodel.model.wait_seconds)
@@ -243,8 +272,17 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
         counts = {sum(1 for g, s in zip(r.decision.gpus, r.decision.shares,
                                         strict=True)
                       if s > 0 and machine.devices[g].kind == dk) for r in runs}
-        if not machine.cluster and 1 in counts and any(c > 1 for c in counts):
-            slots.append(_Slot("host_s", dk))  # one shard against several
+        if 1 in counts and any(c > 1 for c in counts):
+            if not machine.cluster:
+                slots.append(_Slot("host_s", dk))  # one shard against several
+            slots.append(_Slot("corun", dk))
+        cache = [machine.devices[g].cache_bytes for r in runs
+                 for g in r.decision.gpus if machine.devices[g].kind == dk]
+        if cache and min(cache) > 0:
+            sizes = [(w := workload(r.task).total_work(r.task)).bytes_in
+                     + w.bytes_out for r in runs]
+            if min(sizes) <= CACHE_FIT * min(cache) < max(sizes):
+                slots.append(_Slot("cache_bw", dk))  # both sides of the cache
         if any((r.capacity or {}).get(g, 1.0) < 1.0 for r in runs
                for g in r.decision.gpus if machine.devices[g].kind == dk):
             # only runs under load tell these

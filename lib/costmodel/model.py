@@ -4,13 +4,27 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
 
     T(d) = max_i [ t_launch + t_in,i + t_comp,i + t_out,i ] + t_merge
 
-    t_comp,i = max(flops_i / (F_i e_k g_i), bytes_i / (B_i e'_k g_i)) / c_i
+    t_comp,i = max(flops_i / (F_i e_k g_i), bytes_i / (B_i e'_k g_i mu_i))
+               * eta_i / c_i
 
 - ``F_i``, ``B_i``: peak FLOP/s for the dtype and memory bandwidth of device i;
   ``e_k``, ``e'_k``: compute and memory efficiencies of kernel kind k
   (:class:`CostParams`); ``g_i``: a per-device correction for kind k and the
   dtype learned from the device's measured history (1 without one,
   :func:`lib.costmodel.history.params_with_history`).
+- ``mu_i``: a multiple of the memory bandwidth for a task whose data stay in
+  the cache: ``cache_bw[kind]`` where the whole task's inputs and outputs fit
+  in half the device's last-level cache (:attr:`Device.cache_bytes`), else 1
+  (:func:`cache_factor`). It divides the memory limit. It is decided for the
+  whole task, not for each shard, so every term stays affine in rows: the
+  devices of ``local-cpu`` share their last-level cache, so the whole task's
+  data is what competes for it. Off (1) until a calibration fits it from
+  runs on both sides of the cache.
+- ``eta_i``: co-running devices slow each other: on a device kind with a
+  fitted ``corun[kind] = zeta``, a shard's compute stretches by
+  ``1 + zeta (k - 1)`` where k devices of that kind run shards of the
+  decision at once (the cores of one chip share their memory controller and
+  caches; two hyper-threads share a core). 1 without it, and for GPUs.
 - ``c_i``: the device's capacity, the share of it a shard of ours gets now,
   where telemetry measured it; otherwise ``1 - u_i`` with ``u_i`` the live
   utilisation (Eq. (1) as first written). Without telemetry, 1.
@@ -61,7 +75,18 @@ from typing import Any
 from lib.contract import KINDS, Decision, TaskSpec
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import ShardWork, like_of, split_rows, workload
+from lib.platform.workloads import (
+    ShardWork,
+    like_of,
+    split_rows,
+    whole_work,
+    workload,
+)
+
+#: A task's data stay in a device's cache when they fit in this fraction of
+#: its last-level cache (the rest holds what else runs there, and a set that
+#: just fills an LRU cache streams through it as if it did not fit).
+CACHE_FIT = 0.5
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,13 @@ class CostParams:
             scheduler on a device whose measured capacity ``c`` is below 1,
             per unit of ``1 / c - 1`` (0, the default: no wait; fitted from
             runs taken under load).
+        cache_bw: device kind -> multiple of a device's memory bandwidth for a
+            task whose data fit in half its last-level cache (absent: 1, the
+            term off; fitted from runs on both sides of the cache).
+        corun: device kind -> ``zeta``, how much co-running devices of that
+            kind slow each other: a shard's compute takes ``1 + zeta (k - 1)``
+            times longer when k of them run at once (absent: 0; fitted from
+            runs on one and on several devices).
         host_s: device kind -> seconds the host spends, serially, on each
             shard on a device of that kind (a CPU worker: 100 us, the cpu
             backend's parent handing it its shard and collecting it; a GPU:
@@ -109,6 +141,8 @@ class CostParams:
     contention: Mapping[str, float] = field(default_factory=dict)
     sched_wait: Mapping[str, float] = field(default_factory=dict)
     host_s: Mapping[str, float] = field(default_factory=dict)
+    cache_bw: Mapping[str, float] = field(default_factory=dict)
+    corun: Mapping[str, float] = field(default_factory=dict)
 
     def e(self, device_kind: str, kind: str) -> float:
         """Compute efficiency; a registered kind without its own takes that
@@ -228,8 +262,36 @@ def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
         slow /= params.device_eff.get((i, task.kind, task.dtype), 1.0)
     return (work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind))
             * slow,
-            work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind))
+            work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind)
+                                * cache_factor(task, machine, i, params))
             * slow)
+
+
+def cache_factor(task: TaskSpec, machine: Machine, i: int,
+                 params: CostParams = _DEFAULT) -> float:
+    """``mu_i`` of Eq. (1): ``params.cache_bw`` of device i's kind where the
+    whole task's inputs and outputs fit in :data:`CACHE_FIT` of the device's
+    last-level cache, else 1 (and 1 where either is unknown)."""
+    if not params.cache_bw:
+        return 1.0
+    dev = machine.devices[i]
+    scale = params.cache_bw.get(dev.kind)
+    if scale is None or dev.cache_bytes <= 0:
+        return 1.0
+    whole = whole_work(task)
+    return scale if whole.bytes_in + whole.bytes_out <= CACHE_FIT * dev.cache_bytes \
+        else 1.0
+
+
+def corun_factors(machine: Machine, active: Sequence[int],
+                  params: CostParams = _DEFAULT) -> dict[int, float]:
+    """``eta_i`` of Eq. (1) for each device in ``active`` (those with rows):
+    ``1 + corun[kind] (k - 1)``, k the active devices of its kind."""
+    if not params.corun:
+        return {i: 1.0 for i in active}
+    kinds = [machine.devices[i].kind for i in active]
+    return {i: 1.0 + params.corun.get(kd, 0.0) * (kinds.count(kd) - 1)
+            for i, kd in zip(active, kinds, strict=True)}
 
 
 def compute_seconds(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
@@ -336,6 +398,9 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
     bounds = split_rows(task.split_size, decision.shares)
     merge_on_device = task.merge == "sum" and decision.comm_path in ("p2p", "nccl") \
         and len(decision.gpus) > 1
+    corun = corun_factors(machine, [g for g, (lo, hi) in
+                                    zip(decision.gpus, bounds, strict=True)
+                                    if hi > lo], params)
     parts = []
     for pos, (dev_index, (lo, hi)) in enumerate(zip(decision.gpus, bounds,
                                                     strict=True)):
@@ -351,7 +416,8 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
         out_bytes = 0.0 if merge_on_device else work.bytes_out
         launch = launch_seconds(machine, dev_index, params)
         wait = wait_seconds(machine, dev_index, params, telemetry)
-        t_comp = compute_seconds(task, work, machine, dev_index, params, telemetry)
+        t_comp = compute_seconds(task, work, machine, dev_index, params,
+                                 telemetry) * corun[dev_index]
         chunks = 1
         if decision.mode == "pipelined" and not machine.cluster:
             chunks = max(1, math.ceil(rows / max(1, decision.chunk)))

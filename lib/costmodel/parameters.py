@@ -47,6 +47,8 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "contention": {k: float(v) for k, v in sorted(params.contention.items())},
             "sched_wait": {k: float(v) for k, v in sorted(params.sched_wait.items())},
             "host_s": {k: float(v) for k, v in sorted(params.host_s.items())},
+            "cache_bw": {k: float(v) for k, v in sorted(params.cache_bw.items())},
+            "corun": {k: float(v) for k, v in sorted(params.corun.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -78,6 +80,11 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # and no serial cost of the host per shard
         tables["host_s"] = {dk: number(v, f"host_s.{dk}", off=True)
                             for dk, v in obj.get("host_s", {}).items()}
+        # absent from files before the cache and co-running terms: both off
+        tables["cache_bw"] = {dk: number(v, f"cache_bw.{dk}")
+                              for dk, v in obj.get("cache_bw", {}).items()}
+        tables["corun"] = {dk: number(v, f"corun.{dk}", off=True)
+                           for dk, v in obj.get("corun", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

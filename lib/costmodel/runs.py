@@ -177,3 +177,18 @@ def holdout_split(runs: Sequence[MeasuredRun], holdout: float,
         held += idx[:n_held]
         train += idx[n_held:]
     return sorted(train), sorted(held)
+
+
+def cv_folds(runs: Sequence[MeasuredRun], folds: int, seed: int) -> list[int]:
+    """The fold (``0 .. folds - 1``) of each run for k-fold cross-validation,
+    stratified by workload kind and seeded: each kind's runs, shuffled, are
+    dealt to the folds in turn, so every fold holds about 1/k of each kind."""
+    if folds < 2:
+        raise CalibrationError(f"cross-validation needs at least 2 folds, got {folds}")
+    rng = np.random.default_rng(seed)
+    fold = [0] * len(runs)
+    for kind in dict.fromkeys(r.task.kind for r in runs):
+        idx = [i for i, r in enumerate(runs) if r.task.kind == kind]
+        for j, i in enumerate(idx[k] for k in rng.permutation(len(idx))):
+            fold[i] = j % folds
+    return fold

@@ -32,6 +32,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lib.platform.hostinfo import host_memory_bytes, last_level_cache
+
 GB = 1e9
 TB = 1e12
 
@@ -104,6 +106,8 @@ class Device:
         mem_bytes: device memory, bytes.
         mem_bw: memory bandwidth, bytes/s.
         max_block: largest thread block the device accepts.
+        cache_bytes: last-level cache, bytes (0: unknown); see
+            :func:`lib.costmodel.model.cache_factor`.
         provenance: field name -> ``"measured"`` or ``"estimated"``.
         notes: field name -> where the number came from.
     """
@@ -118,6 +122,7 @@ class Device:
     mem_bytes: float
     mem_bw: float
     max_block: int = 1024
+    cache_bytes: float = 0.0
     provenance: Mapping[str, str] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
 
@@ -334,18 +339,20 @@ def local_cpu_machine(n: int | None = None) -> Machine:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
     n = max(1, min(n or cores, 8))
-    mem_total = _host_memory_bytes()
+    mem_total, (cache, cache_note) = host_memory_bytes(), last_level_cache()
     note = "estimate: 2.5 GHz x 16 fp32 FLOP/cycle (one AVX2 FMA unit)"
     fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
               "mem_bytes", "mem_bw")
     devices = tuple(
         Device(index=i, name=f"CPU core {i}", kind="cpu", peak_fp32=40e9,
                peak_fp64=20e9, tensor_fp16=0.0, tensor_bf16=0.0,
-               mem_bytes=mem_total / n, mem_bw=8 * GB, max_block=1024,
-               provenance={f: "estimated" for f in fields},
+               mem_bytes=mem_total / n, mem_bw=8 * GB, cache_bytes=cache,
+               provenance={**{f: "estimated" for f in fields},
+                           "cache_bytes": "measured" if cache else "estimated"},
                notes={"peak_fp32": note, "peak_fp64": note,
                       "mem_bytes": "host memory divided among cores",
-                      "mem_bw": "estimate: one core's streaming bandwidth"})
+                      "mem_bw": "estimate: one core's streaming bandwidth",
+                      "cache_bytes": cache_note})
         for i in range(n)
     )
     shm = link_of_kind("shm", note="shared-memory hand-off to a worker (estimate)")
@@ -359,13 +366,6 @@ def local_cpu_machine(n: int | None = None) -> Machine:
         devices=devices, host_links=(shm,) * n, peers=peers, host_mem_bw=10 * GB,
         simulated=False, induced=False, nccl=False, real_backends=("cpu",),
     )
-
-
-def _host_memory_bytes() -> float:
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 8 * GB
 
 
 def nvml_machine() -> Machine:

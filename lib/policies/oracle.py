@@ -61,6 +61,7 @@ from lib.contract import DEFAULT_BLOCK, PIPELINE_CHUNKS, Decision, TaskSpec
 from lib.costmodel.model import (
     CostParams,
     Prediction,
+    cache_factor,
     default_params,
     host_seconds,
     launch_seconds,
@@ -270,7 +271,8 @@ class _Devices:
         self.peak = np.array([d.peak_flops(task.dtype) * params.e(d.kind, task.kind)
                               for d in devs]) / slow
         self.bw_mem = np.array([d.mem_bw * params.e_mem(d.kind, task.kind)
-                                for d in devs]) / slow
+                                * cache_factor(task, machine, i, params)
+                                for i, d in zip(usable, devs, strict=True)]) / slow
         self.bw = np.array([lk.bandwidth * params.link_scale.get(d.kind, 1.0)
                             for lk, d in zip(links, devs, strict=True)])
         self.lat = np.array([lk.latency for lk in links])
