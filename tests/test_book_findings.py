@@ -63,6 +63,10 @@ SAMPLE = {
             {"machine": "held-out-b", "when": "zero-shot", "ratio_to_optimum": 1.024},
         ],
         "latency": {"p50_us": 73.4, "p99_us": 100.2, "decisions": 800},
+        "per_state": {"rl-ppo": {"idle": 2.134, "busy": 1.987},
+                      "equal": {"idle": 1.0, "busy": 1.0},
+                      "oracle": {"idle": 2.18, "busy": 2.04},
+                      "heft": {"idle": 1.58, "busy": 1.501}},
         "across": [
             {"machine": "hetero-4", "state": "idle", "rl_over_opt": 1.021,
              "heft_over_opt": 1.382, "peak_over_opt": 1.439, "speedup": 2.14,
@@ -130,6 +134,12 @@ def test_substitutions_equal_the_recorded_values():
     table = subs["across_table"].splitlines()
     assert len(table) == 2 + len(values["across"])
     assert "| 1.021 | 2.14x | 1.58x | 1.382 |" in table[2]
+    states = subs["states_table"].splitlines()
+    assert states[0] == "| policy | idle | busy |"
+    # the policies in the table's order; equal split (1x by definition) left out
+    assert states[2:] == ["| `rl-ppo` | 2.13x | 1.99x |",
+                          "| `oracle` | 2.18x | 2.04x |",
+                          "| `heft` | 1.58x | 1.50x |"]
 
 
 def test_without_a_record_every_number_says_so():

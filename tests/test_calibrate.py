@@ -257,6 +257,11 @@ def test_a_saved_calibration_is_scored_on_runs_taken_under_load(machine, tmp_pat
     got = score_runs("local-cpu", loaded, load_params("local-cpu"))
     assert got["runs"] == len(loaded) and got["loaded_runs"] == len(loaded) // 2
     assert got["loaded_median_ape_pct"] < 3.0 and got["median_ape_pct"] < 3.0
+    # each run's figures, in the order given, flagged where it was loaded
+    assert len(got["scored"]) == len(loaded)
+    assert sum(s["loaded"] for s in got["scored"]) == got["loaded_runs"]
+    assert [s["measured_seconds"] for s in got["scored"]] == \
+        [r["measured_seconds"] for r in loaded]
     # the same loaded runs without their capacity: the model cannot know
     blind = [{k: v for k, v in r.items() if k != "disturbance"} for r in loaded]
     assert score_runs("local-cpu", blind, load_params("local-cpu"))[

@@ -76,3 +76,9 @@ def test_execution_notebook_on_local_cpu_measures(book_env):
     record, figures = _smoke(nb, book_env, machine="local-cpu", backend="cpu")
     assert record["backend"] == "cpu" and figures
     assert record["values"]["run_verified"] and record["values"]["run_measured"]
+    # the calibrated model scored on runs taken with one core loaded (induced)
+    assert record["values"]["under_load_runs"] > 0
+    assert record["values"]["under_load_median_ape_pct"] >= 0
+    assert any(f.name == "m08-under-load.png" for f in figures)
+    executed = (book_env / "out" / nb.name).read_text()
+    assert "runs that used the loaded core the median APE is" in executed

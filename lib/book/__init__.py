@@ -52,6 +52,7 @@ from lib.book.sphinx import (
     findings_substitutions,
     mathjax_source,
     setup,
+    states_table,
 )
 
 __all__ = [
@@ -61,5 +62,5 @@ __all__ = [
     "book_root", "build_book", "copy_mathjax", "execute_notebook", "figures_dir",
     "findings_record_path", "findings_substitutions", "label", "mathjax_source",
     "notebooks", "page_problems", "record", "records_dir", "save_figure",
-    "save_headline", "setup",
+    "save_headline", "setup", "states_table",
 ]

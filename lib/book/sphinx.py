@@ -137,6 +137,26 @@ def across_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The policies the findings' table of device states shows, in its order.
+STATE_POLICIES = ("rl-ppo", "oracle", "heft", "proportional-peak", "single-best")
+
+
+def states_table(per_state: dict[str, dict[str, float]]) -> str:
+    """The evaluation record's speedups over equal split per device state
+    (policy -> state -> geometric mean) as a Markdown table, one row a
+    policy of :data:`STATE_POLICIES` the run had, one column a state."""
+    rows = [p for p in STATE_POLICIES if per_state.get(p)]
+    if not rows:
+        return "(the evaluation run recorded no device states)"
+    states = list(dict.fromkeys(s for p in rows for s in per_state[p]))
+    lines = ["| policy | " + " | ".join(states) + " |",
+             "| --- |" + " --- |" * len(states)]
+    for p in rows:
+        lines.append(f"| `{p}` | " + " | ".join(
+            f"{_num(per_state[p].get(s), '.2f')}x" for s in states) + " |")
+    return "\n".join(lines)
+
+
 def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
     """The MyST substitutions ``book/findings.md`` uses, from an evaluation
     record (what :func:`record` wrote for ``m09-evaluation``; None or an empty
@@ -187,6 +207,7 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
                                              for x in zero), default=None), ".3f")
     across = values.get("across", []) or []
     subs["across_table"] = across_table(across)
+    subs["states_table"] = states_table(values.get("per_state") or {})
     gaps = [r["rl_over_opt"] for r in across if isinstance(r.get("rl_over_opt"), float)]
     subs["across_worst_gap_pct"] = _num(100 * (max(gaps) - 1) if gaps else None, ".1f")
     return subs

@@ -78,6 +78,11 @@ from lib.storage import characterisation_path
 
 #: Median held-out APE (percent) above which the report carries a warning.
 WARN_APE_PCT = 30.0
+#: What the calibrated model should reach on a real machine, median APE in
+#: percent: on held-out runs of a quiet machine, and on runs taken while a
+#: process of someone else keeps one device's core busy.
+QUIET_APE_GOAL_PCT = 10.0
+LOADED_APE_GOAL_PCT = 15.0
 
 
 # --------------------------------------------------------------------------
@@ -330,8 +335,9 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
                params: CostParams) -> dict[str, Any]:
     """The error of ``params`` (fitted before, on other runs) on measured
     ``runs``, every one held out, each predicted at the capacity recorded
-    with it: median and p90 APE, Spearman, and how many runs were loaded
-    (a recorded capacity below 0.9 on a device they used)."""
+    with it: median and p90 APE, Spearman, how many runs were loaded (a
+    recorded capacity below 0.9 on a device they used), and each run's
+    measured and predicted seconds (``scored``)."""
     machine = load_machine(machine)
     parsed = parse_runs(runs, machine)
     if not parsed:
@@ -347,7 +353,11 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
             "p90_ape_pct": float(np.percentile(ape, 90)),
             "loaded_median_ape_pct": float(np.median(ape[loaded])) if loaded
             else None,
-            "spearman": spearman(pred, meas)}
+            "spearman": spearman(pred, meas),
+            "scored": [{"task": r.task.describe(), "measured_seconds": float(m),
+                        "predicted_seconds": float(p), "loaded": i in loaded}
+                       for i, (r, m, p) in enumerate(zip(parsed, meas, pred,
+                                                         strict=True))]}
 
 
 def calibrate_machine(machine_name: str,
