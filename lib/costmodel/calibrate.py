@@ -243,11 +243,7 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
             ape_pct(pred[ix], meas[ix])))}
         for k in KINDS if (ix := [i for i in scored if parsed[i].task.kind == k])}
     report.groups = _group_bias(parsed, pred, meas)
-    for name, want in (("quiet", False), ("loaded", True)):
-        ix = [i for i in scored if _loaded(parsed[i]) is want]
-        if ix:
-            report.by_load[name] = {"n": len(ix), "median_ape_pct": float(
-                np.median(ape_pct(pred[ix], meas[ix])))}
+    report.by_load = _by_load([parsed[i] for i in scored], ape)
     report.heldout = [{"task": parsed[i].task.to_json(),
                        "decision": parsed[i].decision.to_json(),
                        "measured_seconds": float(meas[i]),
@@ -279,16 +275,23 @@ def cross_validate(machine: Machine, runs: Sequence[MeasuredRun], folds: int,
                                   params).total
     meas = np.array([r.seconds for r in runs])
     ape = ape_pct(pred, meas)
-    by_load = {}
-    for name, want in (("quiet", False), ("loaded", True)):
-        ix = [i for i, r in enumerate(runs) if _loaded(r) is want]
-        if ix:
-            by_load[name] = {"n": len(ix),
-                             "median_ape_pct": float(np.median(ape[ix]))}
     return {"folds": folds, "runs": len(runs), "seed": seed,
             "median_ape_pct": float(np.median(ape)),
             "p90_ape_pct": float(np.percentile(ape, 90)),
-            "spearman": spearman(pred, meas), "by_load": by_load}
+            "spearman": spearman(pred, meas), "by_load": _by_load(runs, ape)}
+
+
+def _by_load(runs: Sequence[MeasuredRun],
+             ape: np.ndarray) -> dict[str, dict[str, float]]:
+    """``quiet`` and ``loaded`` runs apart (:func:`_loaded`): count and median
+    of their APEs (``ape[j]`` belongs to ``runs[j]``); a group without runs
+    is left out."""
+    out = {}
+    for name, want in (("quiet", False), ("loaded", True)):
+        ix = [j for j, r in enumerate(runs) if _loaded(r) is want]
+        if ix:
+            out[name] = {"n": len(ix), "median_ape_pct": float(np.median(ape[ix]))}
+    return out
 
 
 def _group_bias(runs: Sequence[MeasuredRun], pred: np.ndarray,
@@ -347,6 +350,7 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
     meas = np.array([r.seconds for r in parsed])
     ape = ape_pct(pred, meas)
     loaded = [i for i, r in enumerate(parsed) if _loaded(r)]
+    flagged = set(loaded)
     return {"machine": machine.name, "label": "MEASURED runs, PREDICTED times",
             "params": params.source, "runs": len(parsed), "loaded_runs": len(loaded),
             "median_ape_pct": float(np.median(ape)),
@@ -355,7 +359,7 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
             else None,
             "spearman": spearman(pred, meas),
             "scored": [{"task": r.task.describe(), "measured_seconds": float(m),
-                        "predicted_seconds": float(p), "loaded": i in loaded}
+                        "predicted_seconds": float(p), "loaded": i in flagged}
                        for i, (r, m, p) in enumerate(zip(parsed, meas, pred,
                                                          strict=True))]}
 

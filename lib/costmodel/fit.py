@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lib.contract import KINDS
-from lib.costmodel.model import CACHE_FIT, CostParams, default_params, predict
+from lib.costmodel.model import CostParams, default_params, fits_cache, predict
 from lib.costmodel.parameters import CalibrationError
 from lib.costmodel.runs import MeasuredRun
 from lib.platform.machines import Machine
@@ -147,7 +147,6 @@ class _FastModel:
                 self.slow.append(r)
                 continue
             w = workload(task)
-            whole = w.total_work(task)
             active = [g for g, (lo, hi) in zip(dec.gpus, split_rows(
                 task.split_size, dec.shares), strict=True) if hi > lo]
             for dev_index, (lo, hi) in zip(dec.gpus, split_rows(task.split_size,
@@ -156,8 +155,7 @@ class _FastModel:
                 if hi == lo:
                     continue
                 dev = machine.devices[dev_index]
-                fit = 0 < whole.bytes_in + whole.bytes_out \
-                    <= CACHE_FIT * dev.cache_bytes
+                fit = fits_cache(task, dev.cache_bytes)
                 fits.append(1.0 if fit else 0.0)
                 c_col.append(index.get(_Slot("cache_bw", dev.kind), -1) if fit
                              else -1)
@@ -276,13 +274,10 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun]) -> list[_Slot]:
             if not machine.cluster:
                 slots.append(_Slot("host_s", dk))  # one shard against several
             slots.append(_Slot("corun", dk))
-        cache = [machine.devices[g].cache_bytes for r in runs
-                 for g in r.decision.gpus if machine.devices[g].kind == dk]
-        if cache and min(cache) > 0:
-            sizes = [(w := workload(r.task).total_work(r.task)).bytes_in
-                     + w.bytes_out for r in runs]
-            if min(sizes) <= CACHE_FIT * min(cache) < max(sizes):
-                slots.append(_Slot("cache_bw", dk))  # both sides of the cache
+        fit = {fits_cache(r.task, machine.devices[g].cache_bytes) for r in runs
+               for g in r.decision.gpus if machine.devices[g].kind == dk}
+        if fit == {True, False}:
+            slots.append(_Slot("cache_bw", dk))  # runs on both sides of the cache
         if any((r.capacity or {}).get(g, 1.0) < 1.0 for r in runs
                for g in r.decision.gpus if machine.devices[g].kind == dk):
             # only runs under load tell these

@@ -276,11 +276,17 @@ def cache_factor(task: TaskSpec, machine: Machine, i: int,
         return 1.0
     dev = machine.devices[i]
     scale = params.cache_bw.get(dev.kind)
-    if scale is None or dev.cache_bytes <= 0:
-        return 1.0
+    return scale if scale is not None and fits_cache(task, dev.cache_bytes) else 1.0
+
+
+def fits_cache(task: TaskSpec, cache_bytes: float) -> bool:
+    """Whether the whole task's inputs and outputs fit in :data:`CACHE_FIT` of
+    a last-level cache of ``cache_bytes`` (never where the size is unknown,
+    0): the test behind ``mu_i``, which calibration uses too."""
+    if cache_bytes <= 0:
+        return False
     whole = whole_work(task)
-    return scale if whole.bytes_in + whole.bytes_out <= CACHE_FIT * dev.cache_bytes \
-        else 1.0
+    return whole.bytes_in + whole.bytes_out <= CACHE_FIT * cache_bytes
 
 
 def corun_factors(machine: Machine, active: Sequence[int],
