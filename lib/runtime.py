@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from lib.contract import Decision, TaskSpec
+from lib.costmodel.contention import effective_snapshot
 from lib.costmodel.history import History
+from lib.costmodel.parameters import params_for
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
@@ -49,7 +51,9 @@ class Agent:
             where no policy file ships.
         machine: a profile name or a :class:`~lib.platform.machines.Machine`.
         backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
-        telemetry: live state handed to the policy and to Gate 1.
+        telemetry: live state handed to Gate 1 and, with each contended
+            device's capacity made effective for the task from the history
+            (:func:`lib.costmodel.history.effective_snapshot`), to the policy.
         backend_options: passed to the backend (``seed``, ``repeats``...).
     """
 
@@ -94,12 +98,26 @@ class Agent:
         Raises:
             DecisionRejected: the policy produced a decision Gate 1 refuses.
         """
-        decision = self.policy.decide(task, self.machine, self.telemetry)
+        decision = self.policy.decide(task, self.machine, self.seen_by_policy(task))
         decision = decision.with_hash(task)
         verdict = self.validate(task, decision)
         if not verdict.accepted:
             raise DecisionRejected(verdict)
         return decision
+
+    def seen_by_policy(self, task: TaskSpec) -> Snapshot | None:
+        """The telemetry the policy decides ``task`` under: the live snapshot,
+        with the capacity of each device other work contends for replaced by
+        what a shard of this task's length effectively gets there, as the
+        machine's history learned from MEASURED runs (a short shard on a busy
+        core often runs as on a free one). Unchanged without contention or
+        without such history."""
+        snap = self.telemetry
+        if snap is None or snap.capacity is None or min(snap.capacity) >= 1.0:
+            return snap
+        return effective_snapshot(task, self.machine, snap,
+                                  params_for(self.machine.name),
+                                  History.load(self.machine.name).bursts())
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:

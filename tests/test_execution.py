@@ -53,6 +53,11 @@ def test_cpu_backend_measures_and_verifies(cpu, local_cpu, kind):
     assert set(r.metrics.per_device_seconds) == set(d.gpus)
     assert all(t > 0 for t in r.metrics.per_device_seconds.values())
     assert r.metrics.total_seconds >= max(r.metrics.per_device_seconds.values())
+    # each worker's CPU seconds on its shard: positive, and never more than
+    # its wall seconds beyond the two clocks' grain
+    cpu_s, wall = r.metrics.per_device_cpu_seconds, r.metrics.per_device_seconds
+    assert set(cpu_s) == set(wall)
+    assert all(0 < cpu_s[g] <= wall[g] + 1e-3 for g in wall)
 
 
 def test_cpu_backend_uneven_shares_and_zero_share(cpu, local_cpu):
@@ -71,6 +76,9 @@ def test_repeats_give_medians(local_cpu):
     with CpuBackend(local_cpu, repeats=3, warmup=1) as b:
         r = b.run(task, d)
     assert r.metrics.repeats == 3 and len(r.detail["all_totals"]) == 3
+    assert set(r.metrics.per_device_cpu_seconds) == set(r.metrics.per_device_seconds)
+    assert r.metrics.to_json()["per_device_cpu_seconds"].keys() == {
+        str(g) for g in r.metrics.per_device_seconds}
 
 
 def test_failing_worker_names_device_shard_and_hash(local_cpu):

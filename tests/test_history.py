@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from lib.cli import history as history_cli
 from lib.contract import TaskSpec, decision_from_weights
+from lib.costmodel.contention import effective_snapshot, fit_burst
 from lib.costmodel.history import (
     History,
     HistoryError,
@@ -166,3 +169,162 @@ def test_cli_shows_rates_and_runs(capsys):
 def test_cli_with_no_history(capsys):
     assert history_cli.run(_cli(["--machine", "empty"])) == 0
     assert "no MEASURED runs" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------
+# What shards of a given length felt on a contended device
+
+LOADED = Snapshot("local-cpu", (1.0, 0.0), (1.0, 1.0), (True, True),
+                  measured=True, capacity=(1 / 3, 1.0))
+
+
+def _felt_run(wall: float, cpu: float, devices=(0,), weights=(1.0,)) -> tuple:
+    task, dec, result = _run({d: wall for d in devices}, devices, weights)
+    metrics = replace(result.metrics, per_device_cpu_seconds={d: cpu for d in devices})
+    return task, dec, replace(result, metrics=metrics)
+
+
+def test_a_shard_on_a_contended_device_records_the_contention_it_felt():
+    h = History("box")
+    h.update(*_felt_run(wall=0.002, cpu=0.002), LOADED)   # ran as on a free core
+    h.update(*_felt_run(wall=0.060, cpu=0.020), LOADED)   # got its third
+    h.update(*_felt_run(wall=0.040, cpu=0.020), LOADED)   # got a half
+    assert h.felt[(0, -9)].samples == [(0.002, 0.0)]      # 2 ms: octave -9
+    assert h.felt[(0, -6)].samples == [(0.02, pytest.approx(1.0)),
+                                       (0.02, pytest.approx(0.5))]
+    assert h.felt[(0, -6)].runs == 2
+
+
+def test_nothing_is_felt_without_contention_or_cpu_seconds():
+    h = History("box")
+    h.update(*_felt_run(wall=0.06, cpu=0.02))                   # no snapshot
+    h.update(*_felt_run(wall=0.06, cpu=0.02), Snapshot(
+        "local-cpu", (0.0, 0.0), (1.0, 1.0), (True, True), measured=True,
+        capacity=(1.0, 1.0)))                                   # free cores
+    h.update(*_run({0: 0.06}), LOADED)        # a backend without CPU seconds
+    assert h.felt == {}
+    assert h.runs("matmul", "fp32", 0) == 3   # the rates still learn
+
+
+def test_felt_contention_is_clipped_and_round_trips(home):
+    h = History("box")
+    h.update(*_felt_run(wall=1.0, cpu=0.01), LOADED)   # waited far past a slice
+    h.update(*_felt_run(wall=0.009, cpu=0.01), LOADED)  # timer grain: below 0
+    assert [[r for _, r in f.samples] for f in h.felt.values()] == [[2.0, 0.0]]
+    h.save()
+    again = History.load("box")
+    assert again.felt == h.felt
+
+
+def _burst_samples(b: float, rho_inf: float, lengths) -> list[tuple[float, float]]:
+    return [(t, rho_inf * max(0.0, 1 - b / t)) for t in lengths]
+
+
+def test_the_burst_fit_recovers_a_burst_and_shrugs_off_outliers():
+    lengths = list(np.geomspace(1e-4, 0.2, 40))
+    clean = fit_burst(0, _burst_samples(3e-3, 0.8, lengths))
+    assert clean.b == pytest.approx(3e-3, rel=0.1)
+    assert clean.rho_inf == pytest.approx(0.8, rel=0.05)
+    assert clean.error < 0.02
+    noisy = _burst_samples(3e-3, 0.8, lengths)
+    noisy[5] = (noisy[5][0], 2.0)       # a short shard that waited a slice
+    noisy[35] = (noisy[35][0], 0.0)     # a long one that ran free
+    fit = fit_burst(0, noisy)
+    assert fit.b == pytest.approx(3e-3, rel=0.2)
+    assert fit.rho_inf == pytest.approx(0.8, rel=0.1)
+    assert fit.rho(1e-3) == 0.0 and fit.rho(1.0) == pytest.approx(0.8, rel=0.1)
+
+
+def test_with_only_short_shards_seen_long_ones_keep_their_capacity():
+    fit = fit_burst(0, [(t, 0.0) for t in np.geomspace(1e-4, 2e-3, 12)])
+    assert fit.rho_inf == pytest.approx(1.0, abs=0.05)   # the prior's vote
+    assert 2e-3 <= fit.b <= 2.3e-3          # just past the longest seen
+    assert fit.rho(1e-3) == 0.0 and fit.rho(0.1) > 0.95
+
+
+def test_the_burst_needs_enough_samples_and_is_per_device():
+    h = History("box")
+    for t in np.geomspace(1e-3, 0.1, 7):
+        h.update(*_felt_run(wall=3 * t, cpu=t), LOADED)
+    assert h.burst(0) is None                              # 7 < 8 samples
+    h.update(*_felt_run(wall=0.6, cpu=0.2), LOADED)
+    assert h.burst(0) is not None
+    assert h.burst(0).rho_inf == pytest.approx(1.0, rel=1e-2)
+    assert h.burst(1) is None                              # never contended
+
+
+def test_malformed_felt_entry_is_refused_in_one_line(home):
+    h = History("box")
+    h.update(*_felt_run(wall=0.06, cpu=0.02), LOADED)
+    path = h.save()
+    obj = json.loads(path.read_text())
+    good = obj["felt"][0]["samples"]
+    for bad, says in (([[0.02, 7.5]], "rho must lie"),
+                      ([[0.5, 1.0]], "outside octave -6"),
+                      ([0.02], "cannot unpack")):
+        obj["felt"][0]["samples"] = bad
+        path.write_text(json.dumps(obj))
+        with pytest.raises(HistoryError, match=f"felt entry 0: .*{says}") as err:
+            History.load("box")
+        assert "\n" not in str(err.value)
+    obj["felt"][0]["samples"] = good
+    path.write_text(json.dumps(obj))
+    assert History.load("box").felt == h.felt
+
+
+def test_effective_snapshot_gives_a_short_shard_the_core_and_a_long_one_its_share():
+    machine = load_machine("local-cpu")
+    h = History("local-cpu")
+    for _ in range(4):
+        h.update(*_felt_run(wall=2e-4, cpu=2e-4), LOADED)     # short: ran free
+        h.update(*_felt_run(wall=0.3, cpu=0.1), LOADED)       # long: a third
+    params = default_params()
+    short = TaskSpec("elementwise", {"N": 1000})
+    long = TaskSpec("elementwise", {"N": 1 << 27})
+    seen_short = effective_snapshot(short, machine, LOADED, params, h.bursts())
+    seen_long = effective_snapshot(long, machine, LOADED, params, h.bursts())
+    assert seen_short.capacity[0] == pytest.approx(1.0)
+    assert seen_long.capacity[0] == pytest.approx(1 / 3, rel=1e-2)
+    assert seen_short.capacity[1] == seen_long.capacity[1] == 1.0
+    assert "history" in seen_short.capacity_provenance[0]
+    # the model then predicts the short shard on the busy core as on a free one
+    dec = decision_from_weights(short, [0], [1.0])
+    assert predict(short, dec, machine, seen_short, params).total == pytest.approx(
+        predict(short, dec, machine, None, params).total)
+
+
+def test_effective_snapshot_without_history_or_contention_is_the_same_object():
+    machine = load_machine("local-cpu")
+    params = default_params()
+    task = TaskSpec("elementwise", {"N": 1000})
+    assert effective_snapshot(task, machine, LOADED, params,
+                              History("local-cpu").bursts()) is LOADED
+    h = History("local-cpu")
+    for _ in range(8):
+        h.update(*_felt_run(wall=0.3, cpu=0.1), LOADED)
+    free = Snapshot("local-cpu", (0.0, 0.0), (1.0, 1.0), (True, True),
+                    measured=True, capacity=(1.0, 1.0))
+    assert effective_snapshot(task, machine, free, params, h.bursts()) is free
+    assert effective_snapshot(task, machine, None, params, h.bursts()) is None
+
+
+def test_cli_shows_what_shards_felt(capsys):
+    h = History("box")
+    for _ in range(4):
+        h.update(*_felt_run(wall=0.002, cpu=0.002), LOADED)   # 2 ms: ran free
+        h.update(*_felt_run(wall=0.060, cpu=0.020), LOADED)   # 20 ms: a third
+    h.save()
+    assert history_cli.run(_cli(["--machine", "box"])) == 0
+    text = capsys.readouterr().out
+    assert "what shards felt on busy devices" in text
+    assert "1.95-3.91 ms  0.00     4" in text
+    assert "15.6-31.2 ms  1.00     4" in text
+    assert "device 0: runs free for" in text
+    assert history_cli.run(_cli(["--machine", "box", "--json"])) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert [(f["octave"], f["rho"], f["runs"]) for f in obj["felt"]] == [
+        (-9, 0.0, 4), (-6, pytest.approx(1.0), 4)]
+    (burst,) = obj["bursts"]
+    assert burst["device"] == 0 and burst["samples"] == 8
+    assert 2e-3 <= burst["b"] <= 2.3e-3
+    assert burst["rho_inf"] == pytest.approx(1.0, abs=0.15)

@@ -116,3 +116,41 @@ def test_sixteen_devices_are_decided(hetero4):
     d = Agent(machine=sixteen).optimize(TaskSpec("reduce", {"N": 1 << 28}))
     assert len(d.gpus) >= 8
     assert load_machine(sixteen).n == 16
+
+
+def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
+        tmp_path, monkeypatch):
+    """With a history of what shards felt on a busy core, the policy decides
+    under the capacity effective for the task's length; Gate 1 and the
+    history keep the live snapshot."""
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    from lib.costmodel.history import History
+    from lib.execution.base import ExecutionMetrics, Result
+    from lib.platform.telemetry import Snapshot
+
+    class Recording(EqualSplit):
+        def decide(self, task, machine, telemetry=None):
+            self.seen = telemetry
+            return super().decide(task, machine, telemetry)
+
+    live = Snapshot("local-cpu", (1.0, 0.0), (1e9, 1e9), (True, True),
+                    measured=True, capacity=(1 / 3, 1.0))
+    small = TaskSpec("elementwise", {"N": 1000})
+    h = History("local-cpu")
+    for _ in range(8):   # short shards on the busy core ran as on a free one
+        d = EqualSplit().decide(small, load_machine("local-cpu")).with_hash(small)
+        m = ExecutionMetrics(backend="cpu", measured=True,
+                             per_device_seconds={0: 2e-4, 1: 2e-4},
+                             total_seconds=3e-4,
+                             per_device_cpu_seconds={0: 2e-4, 1: 2e-4})
+        h.update(small, d, Result(None, m, small, d), live)
+    policy = Recording()
+    agent = Agent(policy=policy, machine="local-cpu", telemetry=live)
+    agent.optimize(small)
+    assert policy.seen.capacity[0] == pytest.approx(1 / 3)   # nothing saved yet
+    h.save()
+    agent.optimize(small)
+    assert policy.seen.capacity[0] == pytest.approx(1.0)
+    assert agent.telemetry is live and agent.seen_by_policy(small) is not live
+    idle = Agent(policy=policy, machine="local-cpu")
+    assert idle.seen_by_policy(small) is None

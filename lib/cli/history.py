@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit
 
-HELP = "show the devices' learned rates and how many MEASURED runs stand behind each"
+HELP = ("show the devices' learned rates, what shards felt on busy devices, and "
+        "how many MEASURED runs stand behind each")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -16,7 +18,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Show what the history-based performance model has learned "
                     "on a machine: per workload kind, dtype and device, the "
                     "effective rate (normalised by the capacity the device had) "
-                    "and how many MEASURED runs stand behind it.")
+                    "and how many MEASURED runs stand behind it; and, per device "
+                    "and length of shard, how much of the contention on a busy "
+                    "device such shards felt (0: as on a free core, 1: the "
+                    "measured capacity), which the runtime uses to tell a "
+                    "policy what a task's shard will effectively get.")
     add_machine(p, default=LOCAL_MACHINE)
     add_json(p)
     p.set_defaults(run=run)
@@ -30,13 +36,26 @@ def _rate(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def _span(octave: int) -> str:
+    """An octave of shard CPU seconds, ``[2**k, 2**(k+1))``, as text."""
+    lo, hi = 2.0 ** octave, 2.0 ** (octave + 1)
+    if hi <= 1e-3:
+        return f"{lo * 1e6:.3g}-{hi * 1e6:.3g} us"
+    if hi <= 1.0:
+        return f"{lo * 1e3:.3g}-{hi * 1e3:.3g} ms"
+    return f"{lo:.3g}-{hi:.3g} s"
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the learned figures; exit 0 (an empty history is not an error)."""
+    from lib.costmodel.contention import METHOD_FELT
     from lib.costmodel.history import METHOD, History
 
     history = History.load(args.machine)
     obj = history.to_json()
     obj["path"] = str(history.path)
+    bursts = list(history.bursts().values())
+    obj["bursts"] = [dataclasses.asdict(b) for b in bursts]
     if not len(history):
         text = (f"history of {args.machine}: no MEASURED runs recorded yet "
                 f"({history.path})")
@@ -50,6 +69,20 @@ def run(args: argparse.Namespace) -> int:
                          f"{_rate(f.rate, f.unit):>14} "
                          f"{100 * f.log_scale:>6.0f}% {f.runs:>5}")
         lines.append(f"  method: {METHOD}")
+        if history.felt:
+            lines += ["", "what shards felt on busy devices (MEASURED)",
+                      f"  {'device':>6} {'shard CPU time':>18} {'felt':>5} "
+                      f"{'runs':>5}"]
+            for key in sorted(history.felt):
+                f = history.felt[key]
+                lines.append(f"  {f.device:>6} {_span(f.octave):>18} "
+                             f"{f.rho:>5.2f} {f.runs:>5}")
+            for b in bursts:
+                lines.append(f"  device {b.device}: runs free for "
+                             f"{1e3 * b.b:.3g} ms after waking, then feels "
+                             f"{b.rho_inf:.2f} of the contention (fit of "
+                             f"{b.samples} samples, mean deviation {b.error:.2f})")
+            lines.append(f"  method: {METHOD_FELT}")
         text = "\n".join(lines)
     emit(args, obj, text)
     return 0

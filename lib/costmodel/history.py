@@ -24,6 +24,10 @@ On disk: ``<home>/history/<machine>.json``, written with
 :func:`lib.storage.write_json_atomic`. A malformed file is refused with one line
 naming it, and never overwritten.
 
+The history also keeps, per device and length of shard, how much of the
+contention on a busy device its shards felt (:mod:`lib.costmodel.contention`
+says what that is and fits a burst to it; :meth:`History.burst`).
+
 PREDICTED runs (the model backend) teach nothing: :meth:`History.update`
 refuses them. Caveat: the per-device seconds are what the backend measured for
 the shard (on the cpu backend, from the worker receiving its job to its result
@@ -43,6 +47,16 @@ from typing import Any
 import numpy as np
 
 from lib.contract import Decision, TaskSpec
+from lib.costmodel.contention import (
+    FELT_MAX,
+    FELT_WINDOW,
+    METHOD_FELT,
+    MIN_FELT_SAMPLES,
+    Burst,
+    Felt,
+    felt_sample,
+    fit_burst_cached,
+)
 from lib.costmodel.model import CostParams
 from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
@@ -139,10 +153,12 @@ class History:
     """
 
     def __init__(self, machine: str,
-                 figures: Mapping[tuple[str, str, int], Figure] | None = None):
+                 figures: Mapping[tuple[str, str, int], Figure] | None = None,
+                 felt: Mapping[tuple[int, int], Felt] | None = None):
         self.machine = machine
         file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
+        self.felt: dict[tuple[int, int], Felt] = dict(felt or {})
 
     @property
     def path(self) -> Path:
@@ -160,7 +176,7 @@ class History:
         path = history_path(machine)
         if not path.exists():
             return cls(machine)
-        return cls(machine, _read(path, machine))
+        return cls(machine, *_read(path, machine))
 
     def rate(self, kind: str, dtype: str, device: int) -> float | None:
         """The learned rate (FLOP/s or B/s, MEASURED), or None if no run yet."""
@@ -174,6 +190,21 @@ class History:
 
     def __len__(self) -> int:
         return len(self.figures)
+
+    def burst(self, device: int) -> Burst | None:
+        """The device's burst (:func:`lib.costmodel.contention.fit_burst`)
+        over the samples of every octave, or None below
+        :data:`~lib.costmodel.contention.MIN_FELT_SAMPLES` samples."""
+        samples = [p for (d, _), f in sorted(self.felt.items()) if d == int(device)
+                   for p in f.samples]
+        if len(samples) < MIN_FELT_SAMPLES:
+            return None
+        return fit_burst_cached(int(device), tuple(samples))
+
+    def bursts(self) -> dict[int, Burst]:
+        """Every device's burst that has enough samples (device -> Burst)."""
+        out = {d: self.burst(d) for d in sorted({d for d, _ in self.felt})}
+        return {d: b for d, b in out.items() if b is not None}
 
     # -- learning -----------------------------------------------------------
 
@@ -208,12 +239,20 @@ class History:
             seconds = metrics.per_device_seconds.get(dev)
             if hi <= lo or seconds is None or not seconds > 0:
                 continue
+            cap = 1.0 / snapshot.slowdown(dev) \
+                if snapshot is not None and snapshot.measured else 1.0
+            cpu = metrics.per_device_cpu_seconds.get(dev)
+            rho = felt_sample(float(seconds), cpu, cap) \
+                if cpu is not None and snapshot is not None \
+                and snapshot.capacity is not None else None
+            if rho is not None:
+                octave = math.floor(math.log2(cpu))
+                self.felt.setdefault((int(dev), octave),
+                                     Felt(int(dev), octave)).add(cpu, rho)
             work = w.work(task, hi - lo)
             amount = work.flops if w.bound == "compute" else work.mem_traffic
             if amount <= 0:
                 continue
-            cap = 1.0 / snapshot.slowdown(dev) \
-                if snapshot is not None and snapshot.measured else 1.0
             key = (task.kind, task.dtype, int(dev))
             fig = self.figures.setdefault(key, Figure(*key, unit=unit))
             fig.add(amount / (float(seconds) * cap))
@@ -226,7 +265,9 @@ class History:
         return {"schema": SCHEMA, "machine": self.machine,
                 "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "window": WINDOW,
                 "method": METHOD,
-                "figures": [self.figures[k].to_json() for k in sorted(self.figures)]}
+                "figures": [self.figures[k].to_json() for k in sorted(self.figures)],
+                "method_felt": METHOD_FELT,
+                "felt": [self.felt[k].to_json() for k in sorted(self.felt)]}
 
     def save(self) -> Path:
         """Write atomically to ``<home>/history/<machine>.json``.
@@ -239,8 +280,11 @@ class History:
         return write_json_atomic(self.to_json(), self.path)
 
 
-def _read(path: Path, machine: str) -> dict[tuple[str, str, int], Figure]:
-    """Parse a history file; :class:`HistoryError` in one line if malformed."""
+def _read(path: Path, machine: str
+          ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt]]:
+    """Parse a history file into its figures and what shards felt (absent in a
+    file written before the history kept it: none); :class:`HistoryError` in
+    one line if malformed."""
     def bad(what: str) -> HistoryError:
         return HistoryError(f"{path}: malformed history ({what}); not used and "
                             "not overwritten: move it aside")
@@ -274,7 +318,30 @@ def _read(path: Path, machine: str) -> dict[tuple[str, str, int], Figure]:
             raise bad(f"figure {i}: {exc}") from None
         fig.rate, fig.log_scale = robust_rate(fig.samples)
         out[(fig.kind, fig.dtype, fig.device)] = fig
-    return out
+    felt_list = obj.get("felt", [])
+    if not isinstance(felt_list, list):
+        raise bad("'felt' is not a list")
+    felt: dict[tuple[int, int], Felt] = {}
+    for i, f in enumerate(felt_list):
+        try:
+            device, octave = f["device"], f["octave"]
+            for name, v in (("device", device), ("octave", octave)):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise ValueError(f"{name} {v!r}")
+            if device < 0:
+                raise ValueError(f"device {device!r}")
+            samples = [(float(t), float(r)) for t, r in f["samples"]]
+            if not samples or not all(0.0 <= r <= FELT_MAX for _, r in samples):
+                raise ValueError(f"samples' rho must lie in [0, {FELT_MAX}]")
+            if not all(2.0 ** octave <= t < 2.0 ** (octave + 1) for t, _ in samples):
+                raise ValueError(f"samples' CPU seconds outside octave {octave}")
+            runs = int(f["runs"])
+            if runs < len(samples):
+                raise ValueError(f"runs {runs} < {len(samples)} samples")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"felt entry {i}: {exc}") from None
+        felt[(device, octave)] = Felt(device, octave, samples[-FELT_WINDOW:], runs)
+    return out, felt
 
 
 def model_rate(machine: Machine, params: CostParams, kind: str, dtype: str,

@@ -27,7 +27,10 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   caches; two hyper-threads share a core). 1 without it, and for GPUs.
 - ``c_i``: the device's capacity, the share of it a shard of ours gets now,
   where telemetry measured it; otherwise ``1 - u_i`` with ``u_i`` the live
-  utilisation (Eq. (1) as first written). Without telemetry, 1.
+  utilisation (Eq. (1) as first written). Without telemetry, 1. The runtime
+  hands a policy, and so this model, the capacity *effective for the task*:
+  a short shard on a busy core often runs as on a free one, and the device's
+  history says for how long (:func:`lib.costmodel.history.effective_snapshot`).
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
   latency.
 - ``t_launch`` holds the launch and, on a device shared with other processes

@@ -31,10 +31,13 @@ processes spinning on the first device's core (about 1/2 and 1/3 of it left for
 a shard of ours); and ``load-mid``, one spinning process that starts half-way
 through the state's tasks. The runtime is closed-loop, as in production:
 telemetry (``local_cpu_snapshot`` on the cpu backend, MEASURED, capacity-aware)
-is read afresh before each task, and every measured run feeds the history
-model, so the first decisions of a state, made before either has caught up,
-count with the rest. On the model backend the states are ``idle`` and ``busy``
-(a simulated utilisation of 70 % on the first device).
+is read afresh before each task, every measured run feeds the history model,
+and each policy decides under the capacity a shard of the task will
+effectively get, which that history learns (:meth:`Agent.seen_by_policy`: a
+short shard on a busy core runs as on a free one), so the first decisions of
+a state, made before either has caught up, count with the rest. On the model
+backend the states are ``idle`` and ``busy`` (a simulated utilisation of 70 %
+on the first device).
 
 Every row carries MEASURED or PREDICTED; the Markdown report opens with a
 warning block whenever anything in it is predicted.

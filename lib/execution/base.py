@@ -57,6 +57,9 @@ class ExecutionMetrics:
         max_abs_error: largest absolute difference from the reference (None if
             not verified).
         repeats: timed repeats behind the figures (medians when > 1).
+        per_device_cpu_seconds: device index -> CPU seconds its worker spent
+            on its shard (the cpu backend; empty elsewhere). Over
+            ``per_device_seconds`` it is the share of the core the shard got.
     """
 
     backend: str
@@ -66,6 +69,7 @@ class ExecutionMetrics:
     verified: bool | None = None
     max_abs_error: float | None = None
     repeats: int = 1
+    per_device_cpu_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -78,7 +82,9 @@ class ExecutionMetrics:
                 "per_device_seconds": {str(k): v for k, v in
                                        self.per_device_seconds.items()},
                 "total_seconds": self.total_seconds, "verified": self.verified,
-                "max_abs_error": self.max_abs_error, "repeats": self.repeats}
+                "max_abs_error": self.max_abs_error, "repeats": self.repeats,
+                "per_device_cpu_seconds": {str(k): v for k, v in
+                                           self.per_device_cpu_seconds.items()}}
 
 
 @dataclass

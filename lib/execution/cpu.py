@@ -99,7 +99,7 @@ def _worker_main(conn: connection.Connection, core: int | None,
             return
         if job is None:
             return
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         try:
             if job.get("fault"):
                 raise RuntimeError("injected fault")
@@ -120,7 +120,8 @@ def _worker_main(conn: connection.Connection, core: int | None,
             if isinstance(out, np.memmap):
                 out.flush()
             del out, inputs, shard
-            conn.send(("ok", job["id"], t_compute, time.perf_counter() - start))
+            conn.send(("ok", job["id"], t_compute, time.perf_counter() - start,
+                       time.thread_time() - cpu_start))
         except BaseException as exc:  # report, never die silently
             conn.send(("error", job["id"], f"{type(exc).__name__}: {exc}"))
 
@@ -295,10 +296,13 @@ class CpuBackend:
             out_desc = (str(Path(root) / "out.bin"), w.output_dtype(task).str, shape)
             out = np.memmap(out_desc[0], dtype=out_desc[1], mode="w+", shape=shape)
 
+            cpu_runs: list[dict[int, float]] = []
+
             def once():
                 start = time.perf_counter()
-                times = self._dispatch(task, decision, bounds, active, descs,
-                                       out_desc)
+                times, cpu = self._dispatch(task, decision, bounds, active, descs,
+                                            out_desc)
+                cpu_runs.append(cpu)
                 if task.merge == "sum":
                     merged = w.merge(task, [out[p] for p in active])
                 # Concat shards already sit in place in the host buffer: the
@@ -311,6 +315,7 @@ class CpuBackend:
             result, per_dev, totals = repeat_timed(once, self.warmup, self.repeats)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+        timed_cpu = cpu_runs[self.warmup:]  # as repeat_timed: warm-ups first
         ok, err = None, None
         if verify:
             ok, err = verify_output(task, result, w.reference(task, inputs))
@@ -318,7 +323,9 @@ class CpuBackend:
             backend="cpu", measured=True,
             per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
             total_seconds=statistics.median(totals), verified=ok, max_abs_error=err,
-            repeats=self.repeats)
+            repeats=self.repeats,
+            per_device_cpu_seconds={g: statistics.median(c[g] for c in timed_cpu)
+                                    for g in per_dev})
         return Result(output=result, metrics=metrics, task=task, decision=decision,
                       detail={"all_totals": totals})
 
@@ -333,7 +340,8 @@ class CpuBackend:
         return (path, arr.dtype.str, arr.shape)
 
     def _dispatch(self, task, decision, bounds, active, descs, out_desc):
-        """Send one job per active shard and wait for all; return device times."""
+        """Send one job per active shard and wait for all; return each device's
+        seconds on its shard and the CPU seconds its worker spent on it."""
         pending: dict[int, int] = {}
         task_json = task.to_json()
         kind = kind_payload(task)  # a registered kind travels with its jobs
@@ -351,6 +359,7 @@ class CpuBackend:
                 self._fail(task, decision, bounds, pos, "worker process is gone")
             pending[dev] = pos
         times: dict[int, float] = {}
+        cpu: dict[int, float] = {}
         deadline = time.monotonic() + self.timeout
         while pending:
             ready = connection.wait([self._conns[d] for d in pending], timeout=0.2)
@@ -363,7 +372,7 @@ class CpuBackend:
                     self._fail(task, decision, bounds, pos, "worker process exited")
                 if msg[0] != "ok":
                     self._fail(task, decision, bounds, pos, msg[2])
-                times[dev] = msg[3]
+                times[dev], cpu[dev] = msg[3], msg[4]
             for dev, pos in list(pending.items()):
                 proc = self.workers[dev]
                 if not proc.is_alive():
@@ -373,7 +382,7 @@ class CpuBackend:
                 dev, pos = next(iter(pending.items()))
                 self._fail(task, decision, bounds, pos,
                            f"no answer within {self.timeout:.0f} s")
-        return times
+        return times, cpu
 
     def _fail(self, task, decision, bounds, pos, reason):
         """Tear the pool down (its state is unknown) and raise DeviceError."""
