@@ -272,8 +272,17 @@ def test_malformed_felt_entry_is_refused_in_one_line(home):
     assert History.load("box").felt == h.felt
 
 
+def _first_core_loaded(machine) -> Snapshot:
+    """A measured snapshot of ``machine`` with its first device at 1/3."""
+    n = machine.n
+    return Snapshot(machine.name, (1.0,) + (0.0,) * (n - 1), (1.0,) * n,
+                    (True,) * n, measured=True,
+                    capacity=(1 / 3,) + (1.0,) * (n - 1))
+
+
 def test_effective_snapshot_gives_a_short_shard_the_core_and_a_long_one_its_share():
     machine = load_machine("local-cpu")
+    loaded = _first_core_loaded(machine)
     h = History("local-cpu")
     for _ in range(4):
         h.update(*_felt_run(wall=2e-4, cpu=2e-4), LOADED)     # short: ran free
@@ -281,11 +290,11 @@ def test_effective_snapshot_gives_a_short_shard_the_core_and_a_long_one_its_shar
     params = default_params()
     short = TaskSpec("elementwise", {"N": 1000})
     long = TaskSpec("elementwise", {"N": 1 << 27})
-    seen_short = effective_snapshot(short, machine, LOADED, params, h.bursts())
-    seen_long = effective_snapshot(long, machine, LOADED, params, h.bursts())
+    seen_short = effective_snapshot(short, machine, loaded, params, h.bursts())
+    seen_long = effective_snapshot(long, machine, loaded, params, h.bursts())
     assert seen_short.capacity[0] == pytest.approx(1.0)
     assert seen_long.capacity[0] == pytest.approx(1 / 3, rel=1e-2)
-    assert seen_short.capacity[1] == seen_long.capacity[1] == 1.0
+    assert seen_short.capacity[1:] == seen_long.capacity[1:] == loaded.capacity[1:]
     assert "history" in seen_short.capacity_provenance[0]
     # the model then predicts the short shard on the busy core as on a free one
     dec = decision_from_weights(short, [0], [1.0])
@@ -295,15 +304,17 @@ def test_effective_snapshot_gives_a_short_shard_the_core_and_a_long_one_its_shar
 
 def test_effective_snapshot_without_history_or_contention_is_the_same_object():
     machine = load_machine("local-cpu")
+    loaded = _first_core_loaded(machine)
     params = default_params()
     task = TaskSpec("elementwise", {"N": 1000})
-    assert effective_snapshot(task, machine, LOADED, params,
-                              History("local-cpu").bursts()) is LOADED
+    assert effective_snapshot(task, machine, loaded, params,
+                              History("local-cpu").bursts()) is loaded
     h = History("local-cpu")
     for _ in range(8):
         h.update(*_felt_run(wall=0.3, cpu=0.1), LOADED)
-    free = Snapshot("local-cpu", (0.0, 0.0), (1.0, 1.0), (True, True),
-                    measured=True, capacity=(1.0, 1.0))
+    n = machine.n
+    free = Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
+                    measured=True, capacity=(1.0,) * n)
     assert effective_snapshot(task, machine, free, params, h.bursts()) is free
     assert effective_snapshot(task, machine, None, params, h.bursts()) is None
 

@@ -133,16 +133,17 @@ def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
             self.seen = telemetry
             return super().decide(task, machine, telemetry)
 
-    live = Snapshot("local-cpu", (1.0, 0.0), (1e9, 1e9), (True, True),
-                    measured=True, capacity=(1 / 3, 1.0))
+    n = load_machine("local-cpu").n   # as many cores as this computer lends
+    live = Snapshot("local-cpu", (1.0,) + (0.0,) * (n - 1), (1e9,) * n, (True,) * n,
+                    measured=True, capacity=(1 / 3,) + (1.0,) * (n - 1))
     small = TaskSpec("elementwise", {"N": 1000})
     h = History("local-cpu")
     for _ in range(8):   # short shards on the busy core ran as on a free one
         d = EqualSplit().decide(small, load_machine("local-cpu")).with_hash(small)
         m = ExecutionMetrics(backend="cpu", measured=True,
-                             per_device_seconds={0: 2e-4, 1: 2e-4},
+                             per_device_seconds={g: 2e-4 for g in d.gpus},
                              total_seconds=3e-4,
-                             per_device_cpu_seconds={0: 2e-4, 1: 2e-4})
+                             per_device_cpu_seconds={g: 2e-4 for g in d.gpus})
         h.update(small, d, Result(None, m, small, d), live)
     policy = Recording()
     agent = Agent(policy=policy, machine="local-cpu", telemetry=live)
@@ -154,3 +155,27 @@ def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
     assert agent.telemetry is live and agent.seen_by_policy(small) is not live
     idle = Agent(policy=policy, machine="local-cpu")
     assert idle.seen_by_policy(small) is None
+
+
+def test_a_malformed_history_stops_a_decision_under_contention_in_one_line(
+        tmp_path, monkeypatch):
+    """The policy would decide under capacities read from a file that is not a
+    history: the runtime names the file instead (and leaves it as it is)."""
+    from lib.costmodel.history import HistoryError, history_path
+    from lib.platform.telemetry import Snapshot
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    path = history_path("local-cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    n = load_machine("local-cpu").n
+    live = Snapshot("local-cpu", (1.0,) + (0.0,) * (n - 1), (1e9,) * n, (True,) * n,
+                    measured=True, capacity=(1 / 3,) + (1.0,) * (n - 1))
+    agent = Agent(policy=EqualSplit(), machine="local-cpu", telemetry=live)
+    with pytest.raises(HistoryError, match="local-cpu.json: malformed history") as err:
+        agent.optimize(TaskSpec("elementwise", {"N": 1000}))
+    assert "\n" not in str(err.value) and path.read_text() == "{not json"
+    # without contention the history is not read, and the decision is made
+    quiet = Agent(policy=EqualSplit(), machine="local-cpu")
+    assert quiet.optimize(TaskSpec("elementwise", {"N": 1000})).gpus == tuple(
+        range(n))
