@@ -86,3 +86,24 @@ def test_random_is_seeded(hetero4):
     b = [RandomSplit(seed=3).decide(TASKS[1], hetero4) for _ in range(1)]
     assert a == b
     assert RandomSplit(seed=4).decide(TASKS[1], hetero4) != a[0]
+
+
+def test_the_optimum_searches_the_machines_calibrated_model(tmp_path, monkeypatch):
+    """A calibration that makes every extra shard cost the host a second
+    keeps the optimum on one core, where the default model splits the task."""
+    from dataclasses import replace
+
+    from lib.costmodel.model import default_params
+    from lib.costmodel.parameters import save_params
+    from lib.policies.oracle import Oracle
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    machine = load_machine("local-cpu")
+    if machine.n < 2:
+        pytest.skip("local-cpu has one core here: nothing to split")
+    task = TaskSpec("matmul", {"M": 2048, "N": 1024, "K": 1024})
+    assert len(Oracle().decide(task, machine).gpus) == machine.n   # defaults
+    costly = replace(default_params(), host_s={"cpu": 1.0},
+                     source="a test's calibration")
+    save_params("local-cpu", costly)
+    assert len(Oracle().decide(task, machine).gpus) == 1

@@ -18,7 +18,10 @@ baseline drives the same execution path as the learned policy.
 - :class:`RandomSplit` -- a seeded random subset with Dirichlet shares.
 
 The seventh baseline, the exhaustive optimum under the cost model, is
-:class:`lib.policies.oracle.Oracle` (it searches over these).
+:class:`lib.policies.oracle.Oracle` (it searches over these). The ones that
+consult the cost model (single-best, HEFT and the optimum) use the machine's
+calibrated parameters where ``gpuhive calibrate`` saved some
+(:func:`lib.costmodel.parameters.params_for`), else the defaults.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from lib.contract import Decision, TaskSpec, decision_from_weights
 from lib.costmodel import predict
 from lib.costmodel.model import compute_seconds, transfer_seconds
+from lib.costmodel.parameters import params_for
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import workload
@@ -80,15 +84,17 @@ def _peak_weight(task: TaskSpec, machine: Machine, i: int) -> float:
         else dev.mem_bw
 
 class SingleBest:
-    """The one device with the smallest predicted time for the task."""
+    """The one device with the smallest predicted time for the task (under the
+    machine's calibrated parameters where it has some)."""
 
     name = "single-best"
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
         devices = usable_devices(machine, telemetry)
+        params = params_for(machine.name)
         times = {i: predict(task, decision_from_weights(task, [i], [1.0]), machine,
-                            telemetry).total for i in devices}
+                            telemetry, params).total for i in devices}
         best = min(devices, key=lambda i: (times[i], i))
         return decision_from_weights(task, [best], [1.0])
 
@@ -107,7 +113,9 @@ class ProportionalToLive:
         return decision_from_weights(task, devices, weights)
 
 class HeftGreedy:
-    """StarPU dmda / HEFT-like greedy earliest finish on the cost model.
+    """StarPU dmda / HEFT-like greedy earliest finish on the cost model (the
+    machine's calibrated parameters where it has some, as StarPU's dmda uses
+    its calibrated performance models).
 
     Args:
         chunks: pieces the divisible dimension is cut into (more: finer shares).
@@ -130,19 +138,22 @@ class HeftGreedy:
         free = {i: 0.0 for i in devices}
         rows = {i: 0 for i in devices}
         left = n
+        params = params_for(machine.name)
         while left > 0:
             r = min(size, left)
             best, best_t = devices[0], math.inf
             for i in devices:
                 link = machine.host_link(i)
+                bandwidth = link.bandwidth * params.link_scale.get(
+                    machine.devices[i].kind, 1.0)
                 before = w.work(task, rows[i])
                 after = w.work(task, rows[i] + r)
-                t_comp = compute_seconds(task, after, machine, i,
-                                         telemetry=telemetry) - compute_seconds(
-                    task, before, machine, i, telemetry=telemetry)
+                t_comp = compute_seconds(task, after, machine, i, params,
+                                         telemetry) - compute_seconds(
+                    task, before, machine, i, params, telemetry)
                 moved = after.bytes_in + after.bytes_out - before.bytes_in \
                     - before.bytes_out
-                t_xfer = transfer_seconds(moved, link.bandwidth, link.latency)
+                t_xfer = transfer_seconds(moved, bandwidth, link.latency)
                 finish = free[i] + t_comp + self.beta * t_xfer
                 if finish < best_t:
                     best, best_t = i, finish

@@ -69,6 +69,7 @@ from lib.costmodel.model import (
     split_time_coefficients,
     wait_seconds,
 )
+from lib.costmodel.parameters import params_for
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import workload
@@ -733,10 +734,12 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
 
 class Oracle:
     """The optimum as a policy: the bound every policy is held to, not one a
-    runtime could afford on every task (milliseconds a decision)."""
+    runtime could afford on every task (milliseconds a decision). It searches
+    the machine's own cost model: its calibrated parameters where
+    ``gpuhive calibrate`` saved some (:func:`params_for`), else the defaults."""
 
     name = "oracle"
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
-        return optimum(task, machine, telemetry).decision
+        return optimum(task, machine, telemetry, params_for(machine.name)).decision
