@@ -328,8 +328,8 @@ def test_cli_shows_what_shards_felt(capsys):
     assert history_cli.run(_cli(["--machine", "box"])) == 0
     text = capsys.readouterr().out
     assert "what shards felt on busy devices" in text
-    assert "1.95-3.91 ms  0.00     4" in text
-    assert "15.6-31.2 ms  1.00     4" in text
+    assert "1.95 ms-3.91 ms  0.00     4" in text
+    assert "15.6 ms-31.2 ms  1.00     4" in text
     assert "device 0: runs free for" in text
     assert history_cli.run(_cli(["--machine", "box", "--json"])) == 0
     obj = json.loads(capsys.readouterr().out)

@@ -11,6 +11,7 @@ import pytest
 from lib.contract import Decision, TaskSpec
 from lib.learners.ppo import PolicyFormatError
 from lib.platform.machines import load_machine, machine_from_json
+from lib.platform.telemetry import Snapshot
 from lib.policies.baselines import EqualSplit
 from lib.policies.learned import DEFAULT_POLICY
 from lib.runtime import Agent, DecisionRejected
@@ -118,6 +119,14 @@ def test_sixteen_devices_are_decided(hetero4):
     assert load_machine(sixteen).n == 16
 
 
+def _first_core_busy():
+    """A measured local-cpu snapshot, as many cores as this computer lends,
+    the first at a third of its capacity."""
+    n = load_machine("local-cpu").n
+    return Snapshot("local-cpu", (1.0,) + (0.0,) * (n - 1), (1e9,) * n, (True,) * n,
+                    measured=True, capacity=(1 / 3,) + (1.0,) * (n - 1))
+
+
 def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
         tmp_path, monkeypatch):
     """With a history of what shards felt on a busy core, the policy decides
@@ -126,16 +135,12 @@ def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
     monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
     from lib.costmodel.history import History
     from lib.execution.base import ExecutionMetrics, Result
-    from lib.platform.telemetry import Snapshot
-
     class Recording(EqualSplit):
         def decide(self, task, machine, telemetry=None):
             self.seen = telemetry
             return super().decide(task, machine, telemetry)
 
-    n = load_machine("local-cpu").n   # as many cores as this computer lends
-    live = Snapshot("local-cpu", (1.0,) + (0.0,) * (n - 1), (1e9,) * n, (True,) * n,
-                    measured=True, capacity=(1 / 3,) + (1.0,) * (n - 1))
+    live = _first_core_busy()
     small = TaskSpec("elementwise", {"N": 1000})
     h = History("local-cpu")
     for _ in range(8):   # short shards on the busy core ran as on a free one
@@ -162,15 +167,13 @@ def test_a_malformed_history_stops_a_decision_under_contention_in_one_line(
     """The policy would decide under capacities read from a file that is not a
     history: the runtime names the file instead (and leaves it as it is)."""
     from lib.costmodel.history import HistoryError, history_path
-    from lib.platform.telemetry import Snapshot
 
     monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
     path = history_path("local-cpu")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    n = load_machine("local-cpu").n
-    live = Snapshot("local-cpu", (1.0,) + (0.0,) * (n - 1), (1e9,) * n, (True,) * n,
-                    measured=True, capacity=(1 / 3,) + (1.0,) * (n - 1))
+    live = _first_core_busy()
+    n = len(live.capacity)
     agent = Agent(policy=EqualSplit(), machine="local-cpu", telemetry=live)
     with pytest.raises(HistoryError, match="local-cpu.json: malformed history") as err:
         agent.optimize(TaskSpec("elementwise", {"N": 1000}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit
+from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit, fmt_seconds
 
 HELP = ("show the devices' learned rates, what shards felt on busy devices, and "
         "how many MEASURED runs stand behind each")
@@ -38,12 +38,7 @@ def _rate(value: float, unit: str) -> str:
 
 def _span(octave: int) -> str:
     """An octave of shard CPU seconds, ``[2**k, 2**(k+1))``, as text."""
-    lo, hi = 2.0 ** octave, 2.0 ** (octave + 1)
-    if hi <= 1e-3:
-        return f"{lo * 1e6:.3g}-{hi * 1e6:.3g} us"
-    if hi <= 1.0:
-        return f"{lo * 1e3:.3g}-{hi * 1e3:.3g} ms"
-    return f"{lo:.3g}-{hi:.3g} s"
+    return f"{fmt_seconds(2.0 ** octave)}-{fmt_seconds(2.0 ** (octave + 1))}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,15 +66,15 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"  method: {METHOD}")
         if history.felt:
             lines += ["", "what shards felt on busy devices (MEASURED)",
-                      f"  {'device':>6} {'shard CPU time':>18} {'felt':>5} "
+                      f"  {'device':>6} {'shard CPU time':>20} {'felt':>5} "
                       f"{'runs':>5}"]
             for key in sorted(history.felt):
                 f = history.felt[key]
-                lines.append(f"  {f.device:>6} {_span(f.octave):>18} "
+                lines.append(f"  {f.device:>6} {_span(f.octave):>20} "
                              f"{f.rho:>5.2f} {f.runs:>5}")
             for b in bursts:
                 lines.append(f"  device {b.device}: runs free for "
-                             f"{1e3 * b.b:.3g} ms after waking, then feels "
+                             f"{fmt_seconds(b.b)} after waking, then feels "
                              f"{b.rho_inf:.2f} of the contention (fit of "
                              f"{b.samples} samples, mean deviation {b.error:.2f})")
             lines.append(f"  method: {METHOD_FELT}")

@@ -191,12 +191,17 @@ class History:
     def __len__(self) -> int:
         return len(self.figures)
 
+    def felt_samples(self, device: int) -> list[tuple[float, float]]:
+        """Every ``(CPU seconds, rho)`` sample of ``device``, shortest octave
+        first (empty if its shards never ran under contention)."""
+        return [p for (d, _), f in sorted(self.felt.items()) if d == int(device)
+                for p in f.samples]
+
     def burst(self, device: int) -> Burst | None:
         """The device's burst (:func:`lib.costmodel.contention.fit_burst`)
-        over the samples of every octave, or None below
+        over :meth:`felt_samples`, or None below
         :data:`~lib.costmodel.contention.MIN_FELT_SAMPLES` samples."""
-        samples = [p for (d, _), f in sorted(self.felt.items()) if d == int(device)
-                   for p in f.samples]
+        samples = self.felt_samples(device)
         if len(samples) < MIN_FELT_SAMPLES:
             return None
         return fit_burst_cached(int(device), tuple(samples))
