@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.contract import Decision, TaskSpec
-from lib.costmodel.contention import effective_snapshot
+from lib.costmodel.contention import contention_level, effective_snapshot
 from lib.costmodel.history import History
 from lib.costmodel.parameters import params_for
 from lib.execution import Backend, Result, get_backend
@@ -115,9 +115,10 @@ class Agent:
         snap = self.telemetry
         if snap is None or snap.capacity is None or min(snap.capacity) >= 1.0:
             return snap
+        levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
         return effective_snapshot(task, self.machine, snap,
                                   params_for(self.machine.name),
-                                  History.load(self.machine.name).bursts())
+                                  History.load(self.machine.name).bursts(levels))
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:

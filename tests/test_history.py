@@ -11,7 +11,12 @@ import pytest
 
 from lib.cli import history as history_cli
 from lib.contract import TaskSpec, decision_from_weights
-from lib.costmodel.contention import effective_snapshot, fit_burst
+from lib.costmodel.contention import (
+    contention_level,
+    effective_snapshot,
+    fit_burst,
+    similar_level,
+)
 from lib.costmodel.history import (
     History,
     HistoryError,
@@ -189,9 +194,10 @@ def test_a_shard_on_a_contended_device_records_the_contention_it_felt():
     h.update(*_felt_run(wall=0.002, cpu=0.002), LOADED)   # ran as on a free core
     h.update(*_felt_run(wall=0.060, cpu=0.020), LOADED)   # got its third
     h.update(*_felt_run(wall=0.040, cpu=0.020), LOADED)   # got a half
-    assert h.felt[(0, -9)].samples == [(0.002, 0.0)]      # 2 ms: octave -9
-    assert h.felt[(0, -6)].samples == [(0.02, pytest.approx(1.0)),
-                                       (0.02, pytest.approx(0.5))]
+    # each sample keeps the level it was taken at: capacity 1/3, level 2
+    assert h.felt[(0, -9)].samples == [(0.002, 0.0, 2.0)]  # 2 ms: octave -9
+    assert h.felt[(0, -6)].samples == [(0.02, pytest.approx(1.0), 2.0),
+                                       (0.02, pytest.approx(0.5), 2.0)]
     assert h.felt[(0, -6)].runs == 2
 
 
@@ -210,7 +216,7 @@ def test_felt_contention_is_clipped_and_round_trips(home):
     h = History("box")
     h.update(*_felt_run(wall=1.0, cpu=0.01), LOADED)   # waited far past a slice
     h.update(*_felt_run(wall=0.009, cpu=0.01), LOADED)  # timer grain: below 0
-    assert [[r for _, r in f.samples] for f in h.felt.values()] == [[2.0, 0.0]]
+    assert [[s[1] for s in f.samples] for f in h.felt.values()] == [[2.0, 0.0]]
     h.save()
     again = History.load("box")
     assert again.felt == h.felt
@@ -261,7 +267,9 @@ def test_malformed_felt_entry_is_refused_in_one_line(home):
     good = obj["felt"][0]["samples"]
     for bad, says in (([[0.02, 7.5]], "rho must lie"),
                       ([[0.5, 1.0]], "outside octave -6"),
-                      ([0.02], "cannot unpack")):
+                      ([[0.02, 1.0, -1.0]], "level -1.0 must be"),
+                      ([[0.02, 1.0, 2.0, 5.0]], "is not \\[CPU seconds"),
+                      ([0.02], "has no len")):
         obj["felt"][0]["samples"] = bad
         path.write_text(json.dumps(obj))
         with pytest.raises(HistoryError, match=f"felt entry 0: .*{says}") as err:
@@ -270,6 +278,58 @@ def test_malformed_felt_entry_is_refused_in_one_line(home):
     obj["felt"][0]["samples"] = good
     path.write_text(json.dumps(obj))
     assert History.load("box").felt == h.felt
+
+
+def test_a_sample_from_a_file_without_levels_is_read_as_of_unknown_level(home):
+    h = History("box")
+    h.update(*_felt_run(wall=0.06, cpu=0.02), LOADED)
+    path = h.save()
+    obj = json.loads(path.read_text())
+    obj["felt"][0]["samples"] = [s[:2] for s in obj["felt"][0]["samples"]]
+    path.write_text(json.dumps(obj))
+    old = History.load("box")
+    assert old.felt[(0, -6)].samples == [(0.02, pytest.approx(1.0), None)]
+    # an unknown level speaks for every level, as before levels were kept
+    assert old.felt_samples(0, level=0.25) == old.felt_samples(0, level=4.0) \
+        == [(0.02, pytest.approx(1.0))]
+
+
+LIGHT = Snapshot("local-cpu", (0.2, 0.0), (1.0, 1.0), (True, True),
+                 measured=True, capacity=(0.8, 1.0))
+
+
+def test_the_burst_is_fitted_at_the_present_contention_level():
+    # Long shards ran free beside something that read as a fifth of the core
+    # (it mostly slept); then a spinner came, and only short shards have run
+    # beside it yet. The fit for the spinner's level must not take the light
+    # readings' word that long shards run free.
+    h = History("box")
+    for t in np.geomspace(0.04, 0.1, 10):
+        h.update(*_felt_run(wall=t, cpu=t), LIGHT)             # level 0.25
+    for t in np.geomspace(2e-4, 1e-3, 10):
+        h.update(*_felt_run(wall=t, cpu=t), LOADED)            # level 2
+    light = contention_level(0.8)
+    heavy = contention_level(1 / 3)
+    assert light == pytest.approx(0.25) and heavy == pytest.approx(2.0)
+    assert len(h.felt_samples(0, heavy)) == 10 and len(h.felt_samples(0)) == 20
+    assert h.burst(0, heavy).b <= 1.2e-3                    # just past 1 ms
+    assert h.burst(0, heavy).rho(0.013) > 0.9               # a 13 ms shard
+    assert h.burst(0).rho(0.013) == 0.0                     # all levels: free
+    assert h.bursts({0: heavy})[0] == h.burst(0, heavy)
+    # and the runtime fits at the level its snapshot reads
+    machine = load_machine("local-cpu")
+    loaded = _first_core_loaded(machine)
+    task = TaskSpec("elementwise", {"N": 1 << 22})
+    seen = effective_snapshot(task, machine, loaded, default_params(),
+                              h.bursts({0: heavy}))
+    assert seen.capacity[0] < 0.5
+
+
+def test_levels_within_a_factor_of_two_are_similar():
+    assert similar_level(2.0, 1.0) and similar_level(1.0, 2.0)
+    assert not similar_level(0.25, 2.0) and not similar_level(4.5, 2.0)
+    assert similar_level(None, 2.0) and similar_level(0.25, None)
+    assert similar_level(0.0, 0.0) and not similar_level(0.0, 1.0)
 
 
 def _first_core_loaded(machine) -> Snapshot:
@@ -330,12 +390,13 @@ def test_cli_shows_what_shards_felt(capsys):
     assert "what shards felt on busy devices" in text
     assert "1.95 ms-3.91 ms  0.00     4" in text
     assert "15.6 ms-31.2 ms  1.00     4" in text
-    assert "device 0: runs free for" in text
+    assert "device 0 beside capacity 0.20-0.33: runs free for" in text
     assert history_cli.run(_cli(["--machine", "box", "--json"])) == 0
     obj = json.loads(capsys.readouterr().out)
     assert [(f["octave"], f["rho"], f["runs"]) for f in obj["felt"]] == [
         (-9, 0.0, 4), (-6, pytest.approx(1.0), 4)]
     (burst,) = obj["bursts"]
     assert burst["device"] == 0 and burst["samples"] == 8
+    assert burst["level"] == pytest.approx(2 ** 1.5)   # level 2's octave
     assert 2e-3 <= burst["b"] <= 2.3e-3
     assert burst["rho_inf"] == pytest.approx(1.0, abs=0.15)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit, fmt_seconds
 
@@ -41,6 +42,30 @@ def _span(octave: int) -> str:
     return f"{fmt_seconds(2.0 ** octave)}-{fmt_seconds(2.0 ** (octave + 1))}"
 
 
+def _band(level: float) -> str:
+    """The capacities of the octave of contention level ``level`` is the
+    middle of, ``[2**k, 2**(k+1))``, as text."""
+    k = math.floor(math.log2(level))
+    return (f" beside capacity {1 / (1 + 2.0 ** (k + 1)):.2f}-"
+            f"{1 / (1 + 2.0 ** k):.2f}")
+
+
+def _bursts_by_level(history) -> list[tuple[float | None, object]]:
+    """(level, burst) for each device and octave of contention level its
+    samples were taken at (the fit the runtime makes at that octave's middle,
+    ``2 ** (k + 1/2)``); one fit over all samples (level None) for a device
+    whose samples carry no level."""
+    out = []
+    for device in sorted({d for d, _ in history.felt}):
+        octaves = sorted({math.floor(math.log2(v)) for v in history.levels(device)
+                          if v > 0})
+        for level in [2.0 ** (k + 0.5) for k in octaves] or [None]:
+            burst = history.burst(device, level)
+            if burst is not None:
+                out.append((level, burst))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the learned figures; exit 0 (an empty history is not an error)."""
     from lib.costmodel.contention import METHOD_FELT
@@ -49,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     history = History.load(args.machine)
     obj = history.to_json()
     obj["path"] = str(history.path)
-    bursts = list(history.bursts().values())
-    obj["bursts"] = [dataclasses.asdict(b) for b in bursts]
+    bursts = _bursts_by_level(history)
+    obj["bursts"] = [{**dataclasses.asdict(b), "level": level}
+                     for level, b in bursts]
     if not len(history):
         text = (f"history of {args.machine}: no MEASURED runs recorded yet "
                 f"({history.path})")
@@ -72,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
                 f = history.felt[key]
                 lines.append(f"  {f.device:>6} {_span(f.octave):>20} "
                              f"{f.rho:>5.2f} {f.runs:>5}")
-            for b in bursts:
-                lines.append(f"  device {b.device}: runs free for "
+            for level, b in bursts:
+                beside = "" if level is None else _band(level)
+                lines.append(f"  device {b.device}{beside}: runs free for "
                              f"{fmt_seconds(b.b)} after waking, then feels "
                              f"{b.rho_inf:.2f} of the contention (fit of "
                              f"{b.samples} samples, mean deviation {b.error:.2f})")

@@ -11,12 +11,18 @@ where it got exactly its capacity (:func:`felt_sample`).
 
 The history (:class:`lib.costmodel.history.History`) keeps the samples per
 device and per octave of the shard's CPU seconds (:data:`FELT_WINDOW` each, so
-a flood of short shards does not push the long ones out; :class:`Felt`), and
-a burst is fitted to all of a device's samples (:func:`fit_burst`,
-:class:`Burst`): a woken shard runs free for its first ``b`` seconds and feels
-``rho_inf`` of the contention after, so a shard of ``tau`` CPU seconds feels
-``rho(tau) = rho_inf (1 - b / tau)`` past ``b`` and nothing before (least
-absolute deviations: single runs disturbed either way do not move it).
+a flood of short shards does not push the long ones out; :class:`Felt`), each
+with the strength of the contention it was taken under, ``level = 1 / c - 1``
+(:func:`contention_level`: 1 for one spinning thread, 2 for two). A burst is
+fitted to a device's samples taken at a level within a factor
+:data:`LEVEL_REACH` of the present one (:func:`similar_level`,
+:func:`fit_burst`, :class:`Burst`): what shards felt beside a process that
+reads as a fifth of a core (most often one that mostly sleeps) says nothing
+of what they feel beside two spinning ones. The fit: a woken shard runs free
+for its first ``b`` seconds and feels ``rho_inf`` of the contention after,
+so a shard of ``tau`` CPU seconds feels ``rho(tau) = rho_inf (1 - b / tau)``
+past ``b`` and nothing before (least absolute deviations: single runs
+disturbed either way do not move it).
 
 :func:`effective_snapshot` turns it into the capacity a shard of *this* task
 will effectively get, ``1 / (1 + rho (1 / c - 1))``, and the runtime
@@ -58,15 +64,39 @@ PRIOR_REACH = 64.0
 BURST_GRID = tuple(float(b) for b in np.logspace(-5, 1, 6 * 24 + 1))
 #: Shards below this many CPU seconds give no sample (the clock's grain).
 MIN_CPU_SECONDS = 2e-5
+#: A sample joins the fit for a contention level within this factor of the
+#: level it was taken at (one telemetry reading of a loaded core moves by
+#: about this much from one look to the next).
+LEVEL_REACH = 2.0
 
 METHOD_FELT = ("over runs on a device whose capacity c was below "
                f"{CONTENDED_CAPACITY}: rho = (wall / CPU seconds - 1) / (1 / c - 1), "
                "the contention a shard felt (0: as on a free core, 1: its "
                f"capacity); the last {FELT_WINDOW} samples per octave of shard CPU "
                "time are kept, and rho(tau) = rho_inf max(0, 1 - b / tau) is "
-               "fitted to all of a device's by least absolute deviations, with one "
-               f"prior sample of rho = 1 at {PRIOR_REACH:g} times the longest shard")
+               "fitted by least absolute deviations to a device's samples taken at "
+               "a contention level 1 / c - 1 within a factor "
+               f"{LEVEL_REACH:g} of the present one, with one prior sample of "
+               f"rho = 1 at {PRIOR_REACH:g} times the longest of them")
 
+
+
+def contention_level(capacity: float) -> float:
+    """The strength of the contention a capacity ``c`` says, ``1 / c - 1``: how
+    many threads as busy as a shard share its core (0 on a free core)."""
+    return 1.0 / max(float(capacity), MIN_CAPACITY) - 1.0
+
+
+def similar_level(taken: float | None, level: float | None) -> bool:
+    """Whether a sample ``taken`` at one contention level speaks for another:
+    within a factor :data:`LEVEL_REACH`. An unknown level on either side (a
+    sample from a file written before levels were kept, or a question about
+    every level) is similar to every level."""
+    if taken is None or level is None:
+        return True
+    if taken <= 0.0 or level <= 0.0:
+        return taken == level
+    return 1.0 / LEVEL_REACH <= taken / level <= LEVEL_REACH
 
 
 def felt_sample(wall: float, cpu: float, capacity: float) -> float | None:
@@ -86,29 +116,33 @@ class Felt:
     Attributes:
         device: the machine's device index.
         octave: ``floor(log2(CPU seconds))`` of the shards.
-        samples: the last :data:`FELT_WINDOW` ``(CPU seconds, rho)`` pairs
-            (module docstring).
+        samples: the last :data:`FELT_WINDOW` ``(CPU seconds, rho, level)``
+            triples (module docstring); ``level`` is None for a sample read
+            from a file written before levels were kept.
         runs: every run that ever added one.
     """
 
     device: int
     octave: int
-    samples: list[tuple[float, float]] = field(default_factory=list)
+    samples: list[tuple[float, float, float | None]] = field(default_factory=list)
     runs: int = 0
 
     @property
     def rho(self) -> float:
         """The median of the samples' ``rho`` (what ``gpuhive history`` shows)."""
-        return float(np.median([r for _, r in self.samples]))
+        return float(np.median([s[1] for s in self.samples]))
 
-    def add(self, cpu_seconds: float, rho: float) -> None:
-        sample = (float(cpu_seconds), float(rho))
+    def add(self, cpu_seconds: float, rho: float, level: float | None) -> None:
+        sample = (float(cpu_seconds), float(rho),
+                  None if level is None else float(level))
         self.samples = (self.samples + [sample])[-FELT_WINDOW:]
         self.runs += 1
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "octave": self.octave, "rho": self.rho,
-                "runs": self.runs, "samples": [list(p) for p in self.samples],
+                "runs": self.runs,
+                "samples": [[t, r] if v is None else [t, r, v]
+                            for t, r, v in self.samples],
                 "label": "MEASURED"}
 
 
@@ -188,9 +222,12 @@ def effective_snapshot(task: TaskSpec, machine: Machine, snapshot: Snapshot | No
     ``1 / (1 + rho (1 / c - 1))``.
 
     The shard's length is its device's time at full capacity (Eq. (1)) in an
-    equal split over the healthy devices. Devices at capacity 1, or whose
-    history has no figure, keep theirs; with nothing to change (no measured
-    capacity, no contended device, no figures) the same object comes back.
+    equal split over the healthy devices. ``bursts`` should be fitted at each
+    device's present contention level (:meth:`History.bursts
+    <lib.costmodel.history.History.bursts>` with the snapshot's levels).
+    Devices at capacity 1, or whose history has no figure, keep theirs; with
+    nothing to change (no measured capacity, no contended device, no
+    figures) the same object comes back.
     """
     if snapshot is None or snapshot.capacity is None or not bursts:
         return snapshot

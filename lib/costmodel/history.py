@@ -54,8 +54,10 @@ from lib.costmodel.contention import (
     MIN_FELT_SAMPLES,
     Burst,
     Felt,
+    contention_level,
     felt_sample,
     fit_burst_cached,
+    similar_level,
 )
 from lib.costmodel.model import CostParams
 from lib.costmodel.parameters import CalibrationError
@@ -191,24 +193,42 @@ class History:
     def __len__(self) -> int:
         return len(self.figures)
 
-    def felt_samples(self, device: int) -> list[tuple[float, float]]:
-        """Every ``(CPU seconds, rho)`` sample of ``device``, shortest octave
-        first (empty if its shards never ran under contention)."""
-        return [p for (d, _), f in sorted(self.felt.items()) if d == int(device)
-                for p in f.samples]
+    def felt_samples(self, device: int, level: float | None = None
+                     ) -> list[tuple[float, float]]:
+        """The ``(CPU seconds, rho)`` samples of ``device`` taken at a
+        contention level similar to ``level``
+        (:func:`~lib.costmodel.contention.similar_level`; every one if None),
+        shortest octave first (empty if its shards never ran under
+        contention)."""
+        return [(t, r) for (d, _), f in sorted(self.felt.items())
+                if d == int(device)
+                for t, r, taken in f.samples if similar_level(taken, level)]
 
-    def burst(self, device: int) -> Burst | None:
+    def levels(self, device: int) -> list[float]:
+        """The contention levels ``device``'s samples were taken at (those of
+        older files, unknown, left out), in the order kept."""
+        return [v for (d, _), f in sorted(self.felt.items()) if d == int(device)
+                for _, _, v in f.samples if v is not None]
+
+    def burst(self, device: int, level: float | None = None) -> Burst | None:
         """The device's burst (:func:`lib.costmodel.contention.fit_burst`)
-        over :meth:`felt_samples`, or None below
-        :data:`~lib.costmodel.contention.MIN_FELT_SAMPLES` samples."""
-        samples = self.felt_samples(device)
+        over its :meth:`felt_samples` at ``level`` (all of them if None), or
+        None below :data:`~lib.costmodel.contention.MIN_FELT_SAMPLES` such
+        samples."""
+        samples = self.felt_samples(device, level)
         if len(samples) < MIN_FELT_SAMPLES:
             return None
         return fit_burst_cached(int(device), tuple(samples))
 
-    def bursts(self) -> dict[int, Burst]:
-        """Every device's burst that has enough samples (device -> Burst)."""
-        out = {d: self.burst(d) for d in sorted({d for d, _ in self.felt})}
+    def bursts(self, levels: Mapping[int, float] | None = None) -> dict[int, Burst]:
+        """Every device's burst that has enough samples (device -> Burst): at
+        its level in ``levels`` (device -> contention level, as
+        :func:`~lib.costmodel.contention.contention_level` of a snapshot's
+        capacity gives it), over all its samples where ``levels`` is None or
+        does not name it."""
+        levels = levels or {}
+        out = {d: self.burst(d, levels.get(d))
+               for d in sorted({d for d, _ in self.felt})}
         return {d: b for d, b in out.items() if b is not None}
 
     # -- learning -----------------------------------------------------------
@@ -252,8 +272,8 @@ class History:
                 and snapshot.capacity is not None else None
             if rho is not None:
                 octave = math.floor(math.log2(cpu))
-                self.felt.setdefault((int(dev), octave),
-                                     Felt(int(dev), octave)).add(cpu, rho)
+                self.felt.setdefault((int(dev), octave), Felt(int(dev), octave)
+                                     ).add(cpu, rho, contention_level(cap))
             work = w.work(task, hi - lo)
             amount = work.flops if w.bound == "compute" else work.mem_traffic
             if amount <= 0:
@@ -335,10 +355,11 @@ def _read(path: Path, machine: str
                     raise ValueError(f"{name} {v!r}")
             if device < 0:
                 raise ValueError(f"device {device!r}")
-            samples = [(float(t), float(r)) for t, r in f["samples"]]
-            if not samples or not all(0.0 <= r <= FELT_MAX for _, r in samples):
+            samples = [_felt_triple(p) for p in f["samples"]]
+            if not samples or not all(0.0 <= r <= FELT_MAX for _, r, _ in samples):
                 raise ValueError(f"samples' rho must lie in [0, {FELT_MAX}]")
-            if not all(2.0 ** octave <= t < 2.0 ** (octave + 1) for t, _ in samples):
+            if not all(2.0 ** octave <= t < 2.0 ** (octave + 1)
+                       for t, _, _ in samples):
                 raise ValueError(f"samples' CPU seconds outside octave {octave}")
             runs = int(f["runs"])
             if runs < len(samples):
@@ -347,6 +368,18 @@ def _read(path: Path, machine: str
             raise bad(f"felt entry {i}: {exc}") from None
         felt[(device, octave)] = Felt(device, octave, samples[-FELT_WINDOW:], runs)
     return out, felt
+
+
+def _felt_triple(p: Any) -> tuple[float, float, float | None]:
+    """One stored felt sample: ``[CPU seconds, rho, level]``, or ``[CPU
+    seconds, rho]`` from a file written before levels were kept (level
+    unknown)."""
+    if isinstance(p, (str, bytes)) or len(p) not in (2, 3):
+        raise ValueError(f"sample {p!r} is not [CPU seconds, rho, level]")
+    level = float(p[2]) if len(p) == 3 else None
+    if level is not None and not (math.isfinite(level) and level >= 0.0):
+        raise ValueError(f"sample level {level!r} must be a number >= 0")
+    return float(p[0]), float(p[1]), level
 
 
 def model_rate(machine: Machine, params: CostParams, kind: str, dtype: str,
