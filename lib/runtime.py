@@ -23,6 +23,7 @@ from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import contention_level, effective_snapshot
 from lib.costmodel.history import History
 from lib.costmodel.parameters import params_for
+from lib.costmodel.speed import speed_snapshot
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
@@ -51,9 +52,9 @@ class Agent:
             where no policy file ships.
         machine: a profile name or a :class:`~lib.platform.machines.Machine`.
         backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
-        telemetry: live state handed to Gate 1 and, with each contended
-            device's capacity made effective for the task from the history
-            (:func:`lib.costmodel.history.effective_snapshot`), to the policy.
+        telemetry: live state handed to Gate 1 and, with each device's
+            capacity made effective for the task from the history
+            (:meth:`seen_by_policy`), to the policy.
         backend_options: passed to the backend (``seed``, ``repeats``...).
     """
 
@@ -106,19 +107,28 @@ class Agent:
         return decision
 
     def seen_by_policy(self, task: TaskSpec) -> Snapshot | None:
-        """The telemetry the policy decides ``task`` under: the live snapshot,
-        with the capacity of each device other work contends for replaced by
-        what a shard of this task's length effectively gets there, as the
-        machine's history learned from MEASURED runs (a short shard on a busy
-        core often runs as on a free one). Unchanged without contention or
-        without such history."""
+        """The telemetry the policy decides ``task`` under: the live snapshot
+        with two things the machine's history learned from MEASURED runs
+        folded into each device's capacity:
+
+        1. on a device other work contends for, what a shard of this task's
+           length effectively gets there (a short shard on a busy core often
+           runs as on a free one; :func:`~lib.costmodel.contention.effective_snapshot`);
+        2. on a device that runs this kind slower than the fastest device,
+           against the cost model, that fraction of its capacity
+           (:func:`~lib.costmodel.speed.speed_snapshot`).
+
+        Unchanged without a measured capacity or without such history."""
         snap = self.telemetry
-        if snap is None or snap.capacity is None or min(snap.capacity) >= 1.0:
+        if snap is None or snap.capacity is None:
             return snap
-        levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
-        return effective_snapshot(task, self.machine, snap,
-                                  params_for(self.machine.name),
-                                  History.load(self.machine.name).bursts(levels))
+        history = History.peek(self.machine.name)
+        if min(snap.capacity) < 1.0:
+            levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
+            snap = effective_snapshot(task, self.machine, snap,
+                                      params_for(self.machine.name),
+                                      history.bursts(levels))
+        return speed_snapshot(snap, history.speeds(task.kind, task.dtype))
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:
@@ -134,7 +144,8 @@ class Agent:
         result = self.backend.run(task, decision, verify=verify)
         if result.metrics.measured:  # MEASURED runs teach; PREDICTED ones cannot
             history = History.load(self.machine.name)
-            history.update(task, decision, result, self.telemetry)
+            history.update(task, decision, result, self.telemetry, self.machine,
+                           params_for(self.machine.name))
             history.save()
         return result
 

@@ -21,8 +21,6 @@ from lib.costmodel.history import (
     History,
     HistoryError,
     history_path,
-    model_rate,
-    params_with_history,
     robust_rate,
 )
 from lib.costmodel.model import default_params, predict
@@ -123,31 +121,6 @@ def test_file_of_another_machine_is_refused(home):
     path.write_text(json.dumps(obj))
     with pytest.raises(HistoryError, match="'other'"):
         History.load("box")
-
-
-def test_no_history_leaves_params_and_predictions_unchanged():
-    machine = load_machine("local-cpu")
-    params = default_params()
-    assert params_with_history(params, History("local-cpu"), machine) is params
-    h = History("local-cpu")
-    h.update(*_run({0: 0.5}))              # one run: below MIN_RUNS
-    assert params_with_history(params, h, machine) is params
-
-
-def test_learned_rate_corrects_the_device():
-    machine = load_machine("local-cpu")
-    params = default_params()
-    assumed = model_rate(machine, params, "matmul", "fp32", 0)
-    h = History("local-cpu")
-    for _ in range(3):                     # the device gives half the assumed rate
-        h.update(*_run({0: FLOPS / (assumed / 2)}))
-    corrected = params_with_history(params, h, machine)
-    assert corrected.device_eff[(0, "matmul", "fp32")] == pytest.approx(0.5)
-    assert "history" in corrected.source
-    dec = decision_from_weights(TASK, [0], [1.0]).with_hash(TASK)
-    before = predict(TASK, dec, machine, None, params).devices[0].t_comp
-    after = predict(TASK, dec, machine, None, corrected).devices[0].t_comp
-    assert after == pytest.approx(2 * before)
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:

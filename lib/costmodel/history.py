@@ -15,10 +15,13 @@ figure is a Huber M-estimate of their logarithms started from their median
 the window size, never more), so one run slowed by something the telemetry did
 not see does not poison it.
 
-:func:`params_with_history` turns the learned rates into per-device efficiency
-corrections (:attr:`CostParams.device_eff`): learned rate over the rate Eq. (1)
-assumes. Without history, or with fewer than ``min_runs`` runs behind a figure,
-the parameters are returned unchanged.
+These rates are what ``gpuhive history`` shows. Because a small shard's
+seconds include its fixed costs, they are not what corrects the model: for
+that the history keeps, per (kind, dtype, device), points of measured seconds
+against the compute seconds Eq. (1) predicts, and fits a line whose slope is
+the device's speed against the model (:mod:`lib.costmodel.speed`,
+:meth:`History.speeds`); the runtime folds the relative speeds into the
+capacity the policy sees.
 
 On disk: ``<home>/history/<machine>.json``, written with
 :func:`lib.storage.write_json_atomic`. A malformed file is refused with one line
@@ -36,11 +39,12 @@ written), so the rate of a small shard includes its fixed costs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ import numpy as np
 
 from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import (
+    CONTENDED_CAPACITY,
     FELT_MAX,
     FELT_WINDOW,
     METHOD_FELT,
@@ -59,8 +64,9 @@ from lib.costmodel.contention import (
     fit_burst_cached,
     similar_level,
 )
-from lib.costmodel.model import CostParams
+from lib.costmodel.model import CostParams, compute_seconds, corun_factors
 from lib.costmodel.parameters import CalibrationError
+from lib.costmodel.speed import METHOD_SPEED, Speed, read_speed
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
@@ -74,8 +80,6 @@ HUBER_K = 1.345
 #: Floor of the robust spread (log units), so identical samples do not make
 #: every new one an outlier.
 MIN_LOG_SCALE = 0.02
-#: Runs behind a figure before :func:`params_with_history` uses it.
-MIN_RUNS = 3
 
 METHOD = ("per (kind, dtype, device): work of the device's shard (FLOP if the "
           "kind is compute-bound, bytes of memory traffic otherwise) / (MEASURED "
@@ -156,11 +160,13 @@ class History:
 
     def __init__(self, machine: str,
                  figures: Mapping[tuple[str, str, int], Figure] | None = None,
-                 felt: Mapping[tuple[int, int], Felt] | None = None):
+                 felt: Mapping[tuple[int, int], Felt] | None = None,
+                 speeds: Mapping[tuple[str, str, int], Speed] | None = None):
         self.machine = machine
         file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
         self.felt: dict[tuple[int, int], Felt] = dict(felt or {})
+        self.speeds_kept: dict[tuple[str, str, int], Speed] = dict(speeds or {})
 
     @property
     def path(self) -> Path:
@@ -179,6 +185,25 @@ class History:
         if not path.exists():
             return cls(machine)
         return cls(machine, *_read(path, machine))
+
+    @classmethod
+    def peek(cls, machine: str) -> History:
+        """:meth:`load`, remembered while the file's bytes are unchanged: for
+        reading only, as every decision does (reading and hashing the file
+        costs a fraction of parsing it). The object is shared: do not update
+        it.
+
+        Raises:
+            HistoryError: the file exists but is not a readable history.
+        """
+        path = history_path(machine)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return cls(machine)
+        except OSError as exc:
+            raise HistoryError(f"{path}: not readable ({exc})") from None
+        return _peek(machine, str(path), hashlib.blake2b(data).hexdigest(), data)
 
     def rate(self, kind: str, dtype: str, device: int) -> float | None:
         """The learned rate (FLOP/s or B/s, MEASURED), or None if no run yet."""
@@ -231,10 +256,21 @@ class History:
                for d in sorted({d for d, _ in self.felt})}
         return {d: b for d, b in out.items() if b is not None}
 
+    def speeds(self, kind: str, dtype: str) -> dict[int, float]:
+        """device -> ``g``, its speed on (kind, dtype) against Eq. (1), for
+        every device whose points fit a line (:func:`lib.costmodel.speed.fit_speed`)."""
+        out = {}
+        for (k, dt, device), sp in self.speeds_kept.items():
+            line = sp.line() if (k, dt) == (kind, dtype) else None
+            if line is not None:
+                out[device] = line.g
+        return out
+
     # -- learning -----------------------------------------------------------
 
     def update(self, task: TaskSpec, decision: Decision, result: Any,
-               snapshot: Snapshot | None = None) -> list[tuple[str, str, int]]:
+               snapshot: Snapshot | None = None, machine: Machine | None = None,
+               params: CostParams | None = None) -> list[tuple[str, str, int]]:
         """Learn from one executed run; return the keys it updated.
 
         Args:
@@ -245,6 +281,11 @@ class History:
                 (``1 / slowdown``) normalises the rate when it was measured;
                 an unmeasured (simulated) snapshot says nothing about a real
                 run, so capacity 1 is assumed then, as without one.
+            machine, params: the machine and the parameters Eq. (1) prices
+                it with; given both, each device free in the run (capacity
+                1 as above, or measured at least
+                :data:`~lib.costmodel.contention.CONTENDED_CAPACITY`) adds a
+                point to its speed line (:mod:`lib.costmodel.speed`).
 
         Raises:
             HistoryError: the run is PREDICTED (a model backend's), not MEASURED.
@@ -258,9 +299,12 @@ class History:
         w = workload(task)
         unit = "FLOP/s" if w.bound == "compute" else "B/s"
         done = []
-        for dev, (lo, hi) in zip(decision.gpus, split_rows(task.split_size,
-                                                           decision.shares),
-                                 strict=True):
+        bounds = split_rows(task.split_size, decision.shares)
+        priced = machine is not None and params is not None
+        corun = corun_factors(machine, [g for g, (lo, hi) in zip(
+            decision.gpus, bounds, strict=True) if hi > lo], params) \
+            if priced else {}
+        for dev, (lo, hi) in zip(decision.gpus, bounds, strict=True):
             seconds = metrics.per_device_seconds.get(dev)
             if hi <= lo or seconds is None or not seconds > 0:
                 continue
@@ -275,6 +319,14 @@ class History:
                 self.felt.setdefault((int(dev), octave), Felt(int(dev), octave)
                                      ).add(cpu, rho, contention_level(cap))
             work = w.work(task, hi - lo)
+            if priced and cap >= CONTENDED_CAPACITY:
+                model = compute_seconds(task, work, machine, dev, params) \
+                    * corun.get(dev, 1.0)
+                if model > 0:
+                    self.speeds_kept.setdefault(
+                        (task.kind, task.dtype, int(dev)),
+                        Speed(task.kind, task.dtype, int(dev))
+                    ).add(model, float(seconds))
             amount = work.flops if w.bound == "compute" else work.mem_traffic
             if amount <= 0:
                 continue
@@ -292,7 +344,10 @@ class History:
                 "method": METHOD,
                 "figures": [self.figures[k].to_json() for k in sorted(self.figures)],
                 "method_felt": METHOD_FELT,
-                "felt": [self.felt[k].to_json() for k in sorted(self.felt)]}
+                "felt": [self.felt[k].to_json() for k in sorted(self.felt)],
+                "method_speed": METHOD_SPEED,
+                "speeds": [self.speeds_kept[k].to_json()
+                           for k in sorted(self.speeds_kept)]}
 
     def save(self) -> Path:
         """Write atomically to ``<home>/history/<machine>.json``.
@@ -305,17 +360,33 @@ class History:
         return write_json_atomic(self.to_json(), self.path)
 
 
-def _read(path: Path, machine: str
-          ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt]]:
-    """Parse a history file into its figures and what shards felt (absent in a
-    file written before the history kept it: none); :class:`HistoryError` in
-    one line if malformed."""
+def _peek(machine: str, path: str, digest: str, data: bytes) -> History:
+    """The history ``data`` (read from ``path``) holds, parsed once per
+    ``digest`` of them."""
+    key = (machine, path, digest)
+    if key not in _PEEKED:
+        if len(_PEEKED) >= 8:
+            _PEEKED.pop(next(iter(_PEEKED)))
+        _PEEKED[key] = History(machine, *_read(Path(path), machine, data))
+    return _PEEKED[key]
+
+
+_PEEKED: dict[tuple[str, str, str], History] = {}
+
+
+def _read(path: Path, machine: str, data: bytes | None = None
+          ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt],
+                     dict[tuple[str, str, int], Speed]]:
+    """Parse a history file into its figures, what shards felt and the speed
+    points (the last two absent in a file written before the history kept
+    them: none); :class:`HistoryError` in one line if malformed. ``data``:
+    the file's bytes, already read."""
     def bad(what: str) -> HistoryError:
         return HistoryError(f"{path}: malformed history ({what}); not used and "
                             "not overwritten: move it aside")
 
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(data if data is not None else path.read_text())
     except (OSError, ValueError) as exc:
         raise bad(f"not readable JSON: {exc}") from None
     if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA:
@@ -367,7 +438,17 @@ def _read(path: Path, machine: str
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"felt entry {i}: {exc}") from None
         felt[(device, octave)] = Felt(device, octave, samples[-FELT_WINDOW:], runs)
-    return out, felt
+    speed_list = obj.get("speeds", [])
+    if not isinstance(speed_list, list):
+        raise bad("'speeds' is not a list")
+    speeds: dict[tuple[str, str, int], Speed] = {}
+    for i, f in enumerate(speed_list):
+        try:
+            sp = read_speed(f)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"speed entry {i}: {exc}") from None
+        speeds[(sp.kind, sp.dtype, sp.device)] = sp
+    return out, felt, speeds
 
 
 def _felt_triple(p: Any) -> tuple[float, float, float | None]:
@@ -380,43 +461,3 @@ def _felt_triple(p: Any) -> tuple[float, float, float | None]:
     if level is not None and not (math.isfinite(level) and level >= 0.0):
         raise ValueError(f"sample level {level!r} must be a number >= 0")
     return float(p[0]), float(p[1]), level
-
-
-def model_rate(machine: Machine, params: CostParams, kind: str, dtype: str,
-               device: int) -> float:
-    """The rate Eq. (1) assumes for device ``device`` (FLOP/s or B/s):
-    ``F e_k`` for compute-bound kinds, ``B e'_k`` otherwise."""
-    dev = machine.devices[device]
-    if workload(kind).bound == "compute":
-        return dev.peak_flops(dtype) * params.e(dev.kind, kind)
-    return dev.mem_bw * params.e_mem(dev.kind, kind)
-
-
-def params_with_history(params: CostParams, history: History, machine: Machine,
-                        min_runs: int = MIN_RUNS) -> CostParams:
-    """``params`` with each learned rate as a per-device efficiency correction.
-
-    For every figure with at least ``min_runs`` runs, ``device_eff[(device,
-    kind, dtype)] = learned rate / rate Eq. (1) assumes`` (:func:`model_rate`).
-    With no such figure the same ``params`` object comes back, so predictions
-    without history are exactly what they were.
-
-    Raises:
-        HistoryError: the history names a device ``machine`` does not have.
-    """
-    corrections = dict(params.device_eff)
-    used = 0
-    for (kind, dtype, device), fig in sorted(history.figures.items()):
-        if fig.runs < min_runs:
-            continue
-        if device >= machine.n:
-            raise HistoryError(f"history of {history.machine}: device {device} "
-                               f"does not exist on {machine.name} ({machine.n} "
-                               "devices)")
-        corrections[(device, kind, dtype)] = fig.rate / model_rate(
-            machine, params, kind, dtype, device)
-        used += 1
-    if not used:
-        return params
-    return replace(params, device_eff=corrections,
-                   source=f"{params.source} + history ({used} device figures)")

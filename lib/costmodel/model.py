@@ -4,14 +4,11 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
 
     T(d) = max_i [ t_launch + t_in,i + t_comp,i + t_out,i ] + t_merge
 
-    t_comp,i = max(flops_i / (F_i e_k g_i), bytes_i / (B_i e'_k g_i mu_i))
-               * eta_i / c_i
+    t_comp,i = max(flops_i / (F_i e_k), bytes_i / (B_i e'_k mu_i)) * eta_i / c_i
 
 - ``F_i``, ``B_i``: peak FLOP/s for the dtype and memory bandwidth of device i;
   ``e_k``, ``e'_k``: compute and memory efficiencies of kernel kind k
-  (:class:`CostParams`); ``g_i``: a per-device correction for kind k and the
-  dtype learned from the device's measured history (1 without one,
-  :func:`lib.costmodel.history.params_with_history`).
+  (:class:`CostParams`).
 - ``mu_i``: a multiple of the memory bandwidth for a task whose data stay in
   the cache: ``cache_bw[kind]`` where the whole task's inputs and outputs fit
   in half the device's last-level cache (:attr:`Device.cache_bytes`), else 1
@@ -30,7 +27,10 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   utilisation (Eq. (1) as first written). Without telemetry, 1. The runtime
   hands a policy, and so this model, the capacity *effective for the task*:
   a short shard on a busy core often runs as on a free one, and the device's
-  history says for how long (:func:`lib.costmodel.history.effective_snapshot`).
+  history says for how long (:func:`lib.costmodel.contention.effective_snapshot`);
+  and a device the history measured slower on this kind than the fastest
+  one, against this model, gets that fraction ``g_i / max g`` of its capacity
+  (:func:`lib.costmodel.speed.speed_snapshot`).
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
   latency.
 - ``t_launch`` holds the launch and, on a device shared with other processes
@@ -107,10 +107,6 @@ class CostParams:
             over datasheet); 1.0 uncalibrated.
         source: ``"default"`` or what they were fitted to.
         fitted: the names of the parameters that came from measurement.
-        device_eff: (device index, workload kind, dtype) -> multiplier on both
-            efficiencies of that device, learned from its measured history
-            (:mod:`lib.costmodel.history`); absent entries mean 1. Not saved
-            with the calibrated parameters: it is derived from the history.
         contention: device kind -> exponent ``gamma`` on a device's slowdown
             under contention: a shard gets ``capacity ** gamma`` of the device
             (1, the default: the scheduler's fair share; fitted from runs
@@ -140,7 +136,6 @@ class CostParams:
     link_scale: Mapping[str, float] = field(default_factory=dict)
     source: str = "default"
     fitted: tuple[str, ...] = ()
-    device_eff: Mapping[tuple[int, str, str], float] = field(default_factory=dict)
     contention: Mapping[str, float] = field(default_factory=dict)
     sched_wait: Mapping[str, float] = field(default_factory=dict)
     host_s: Mapping[str, float] = field(default_factory=dict)
@@ -254,15 +249,11 @@ def roofline_terms(task: TaskSpec, work: ShardWork, machine: Machine, i: int,
         ``(flops / (F_i e_k), bytes / (B_i e'_k))``, both stretched by
         :meth:`Snapshot.slowdown` (``1 / capacity`` where the snapshot measured
         capacity, else ``1 / (1 - u)``) to the power ``params.contention``
-        of the device's kind, and divided by the device's learned
-        correction where ``params.device_eff`` has one; the compute time is
-        their maximum.
+        of the device's kind; the compute time is their maximum.
     """
     dev = machine.devices[i]
     slow = telemetry.slowdown(i) ** params.contention.get(dev.kind, 1.0) \
         if telemetry is not None else 1.0
-    if params.device_eff:
-        slow /= params.device_eff.get((i, task.kind, task.dtype), 1.0)
     return (work.flops / (dev.peak_flops(task.dtype) * params.e(dev.kind, task.kind))
             * slow,
             work.mem_traffic / (dev.mem_bw * params.e_mem(dev.kind, task.kind)

@@ -1,0 +1,193 @@
+"""A device's speed against the cost model, learned from MEASURED runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lib.contract import TaskSpec, decision_from_weights
+from lib.costmodel.history import History, HistoryError
+from lib.costmodel.model import compute_seconds, corun_factors, default_params
+from lib.costmodel.parameters import params_for
+from lib.costmodel.speed import (
+    MIN_SPEED_POINTS,
+    SPEED_DEADBAND,
+    fit_speed,
+    relative_speeds,
+    speed_snapshot,
+)
+from lib.execution.base import ExecutionMetrics, Result
+from lib.platform.machines import load_machine
+from lib.platform.telemetry import Snapshot
+from lib.platform.workloads import workload
+from lib.policies.registry import make_policy
+from lib.runtime import Agent
+
+FREE = Snapshot("local-cpu", (0.0, 0.0), (8e9, 8e9), (True, True),
+                measured=True, capacity=(1.0, 1.0))
+LOADED = Snapshot("local-cpu", (1.0, 0.0), (8e9, 8e9), (True, True),
+                  measured=True, capacity=(1 / 3, 1.0))
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _line(g: float, a: float, xs) -> list[tuple[float, float]]:
+    return [(x, a + x / g) for x in xs]
+
+
+def test_the_line_gives_the_slope_and_the_fixed_cost_apart():
+    xs = np.geomspace(1e-4, 0.1, 20)
+    line = fit_speed(_line(0.5, 3e-4, xs))
+    assert line.g == pytest.approx(0.5, rel=1e-6)
+    assert line.a == pytest.approx(3e-4, rel=1e-3)
+    # A rate taken as work over seconds would be dominated by the fixed cost:
+    # the smallest point's x / y is 0.25, four times under the slope's 1 / 2.
+    assert xs[0] / (3e-4 + xs[0] / 0.5) < 0.3
+    noisy = _line(0.5, 3e-4, xs)
+    noisy[3] = (noisy[3][0], 100 * noisy[3][1])    # a run far slower
+    noisy[17] = (noisy[17][0], 0.1 * noisy[17][1])  # and one far faster
+    assert fit_speed(noisy).g == pytest.approx(0.5, rel=0.05)
+
+
+def test_no_line_without_enough_points_spread_or_a_rising_slope():
+    xs = np.geomspace(1e-3, 0.1, MIN_SPEED_POINTS - 1)
+    assert fit_speed(_line(1.0, 0.0, xs)) is None            # too few
+    assert fit_speed(_line(1.0, 0.0, np.linspace(1e-3, 3e-3, 12))) is None  # x x3
+    assert fit_speed([(x, 0.2 - x) for x in np.geomspace(1e-3, 0.1, 12)]) is None
+
+
+def test_only_a_slower_device_outside_the_deadband_loses_capacity():
+    assert relative_speeds({0: 1.0, 1: 0.5}, [0, 1]) == {1: 0.5}
+    assert relative_speeds({0: 1.3, 1: 1.3 * (1 - SPEED_DEADBAND / 2)}, [0, 1]) == {}
+    assert relative_speeds({0: 1.0}, [0, 1]) == {}       # device 1 never measured
+    assert relative_speeds({0: 1.0, 1: 0.5}, [1]) == {}  # nothing to compare
+    seen = speed_snapshot(LOADED, {0: 1.0, 1: 0.5})
+    assert seen.capacity == (pytest.approx(1 / 3), pytest.approx(0.5))
+    assert "history" in seen.capacity_provenance[1]
+    assert speed_snapshot(FREE, {0: 1.0, 1: 0.95}) is FREE
+    assert speed_snapshot(None, {0: 1.0, 1: 0.5}) is None
+
+
+def _run_on(machine, task, devices, weights, slow: dict[int, float], params,
+            measured: bool = True):
+    """A run whose device i took ``slow[i]`` times the model's compute
+    seconds, plus 0.2 ms of fixed cost."""
+    dec = decision_from_weights(task, list(devices), list(weights)).with_hash(task)
+    w = workload(task)
+    from lib.platform.workloads import split_rows
+    bounds = split_rows(task.split_size, dec.shares)
+    active = [g for g, (lo, hi) in zip(dec.gpus, bounds, strict=True) if hi > lo]
+    corun = corun_factors(machine, active, params)
+    seconds = {}
+    for g, (lo, hi) in zip(dec.gpus, bounds, strict=True):
+        if hi > lo:
+            model = compute_seconds(task, w.work(task, hi - lo), machine, g, params)
+            seconds[g] = 2e-4 + slow[g] * model * corun[g]
+    metrics = ExecutionMetrics(backend="cpu", measured=measured,
+                               per_device_seconds=seconds,
+                               total_seconds=max(seconds.values()))
+    return task, dec, Result(None, metrics, task, dec)
+
+
+def _teach(h: History, machine, params, slow, snapshot=FREE, kind="elementwise"):
+    for n in np.geomspace(1 << 14, 1 << 24, 12).astype(int):
+        task = TaskSpec(kind, {"N": int(n)})
+        h.update(*_run_on(machine, task, (0, 1), (0.5, 0.5), slow, params),
+                 snapshot, machine, params)
+
+
+def test_the_history_learns_each_free_devices_speed_and_round_trips(home):
+    machine = load_machine("local-cpu")
+    params = params_for("local-cpu")
+    h = History("local-cpu")
+    _teach(h, machine, params, {0: 1.0, 1: 2.0})
+    speeds = h.speeds("elementwise", "fp32")
+    assert speeds[0] == pytest.approx(1.0, rel=1e-3)
+    assert speeds[1] == pytest.approx(0.5, rel=1e-3)
+    assert h.speeds("matmul", "fp32") == {}
+    h.save()
+    again = History.load("local-cpu")
+    assert again.speeds("elementwise", "fp32") == speeds
+    assert History.peek("local-cpu").speeds("elementwise", "fp32") == speeds
+
+
+def test_a_contended_device_or_a_run_without_the_model_gives_no_point():
+    machine = load_machine("local-cpu")
+    params = params_for("local-cpu")
+    h = History("local-cpu")
+    _teach(h, machine, params, {0: 3.0, 1: 1.0}, snapshot=LOADED)
+    assert set(h.speeds("elementwise", "fp32")) == {1}   # device 0 was loaded
+    h2 = History("local-cpu")
+    task = TaskSpec("elementwise", {"N": 1 << 20})
+    for _ in range(MIN_SPEED_POINTS + 2):
+        h2.update(*_run_on(machine, task, (0,), (1.0,), {0: 1.0}, params), FREE)
+    assert h2.speeds_kept == {}                           # no machine, no params
+
+
+def test_malformed_speed_entry_is_refused_in_one_line(home):
+    machine = load_machine("local-cpu")
+    params = default_params()
+    h = History("local-cpu")
+    _teach(h, machine, params, {0: 1.0, 1: 1.0})
+    path = h.save()
+    obj = json.loads(path.read_text())
+    for bad, says in (([[0.01, -1.0]], "positive seconds"),
+                      ([[0.01]], "not enough values"),
+                      ([["x", 1.0]], "could not convert")):
+        obj["speeds"][0]["points"] = bad
+        path.write_text(json.dumps(obj))
+        with pytest.raises(HistoryError, match=f"speed entry 0: .*{says}") as err:
+            History.load("local-cpu")
+        assert "\n" not in str(err.value)
+        with pytest.raises(HistoryError):
+            History.peek("local-cpu")
+
+
+@pytest.mark.parametrize("policy", ["oracle", "heft", "rl-ppo"])
+def test_every_policy_moves_work_off_a_device_the_history_measured_slower(policy):
+    machine = load_machine("local-cpu")
+    params = params_for("local-cpu")
+    task = TaskSpec("elementwise", {"N": 1 << 24})
+    chosen = make_policy(policy, 0) if policy != "rl-ppo" else None
+    agent = Agent(policy=chosen, machine=machine, telemetry=FREE)
+    before = agent.optimize(task)
+    h = History("local-cpu")
+    _teach(h, machine, params, {0: 1.0, 1: 2.0})
+    h.save()
+    seen = agent.seen_by_policy(task)
+    assert seen.capacity == (1.0, pytest.approx(0.5, rel=1e-3))
+    after = agent.optimize(task)
+    share = dict(zip(after.gpus, after.shares, strict=True)).get(1, 0.0)
+    share_before = dict(zip(before.gpus, before.shares, strict=True)).get(1, 0.0)
+    assert share_before == pytest.approx(0.5, abs=0.05)
+    assert share < share_before - 0.1
+
+
+def test_cli_shows_each_devices_speed(capsys):
+    import argparse
+
+    from lib.cli import history as history_cli
+    machine = load_machine("local-cpu")
+    params = params_for("local-cpu")
+    h = History("local-cpu")
+    _teach(h, machine, params, {0: 1.0, 1: 2.0})
+    h.save()
+    parser = argparse.ArgumentParser()
+    history_cli.add_parser(parser.add_subparsers())
+    assert history_cli.run(parser.parse_args(["history", "--machine",
+                                              "local-cpu"])) == 0
+    text = capsys.readouterr().out
+    assert "speed against the cost model on free devices (MEASURED)" in text
+    assert "elementwise  fp32        1     0.50" in text
+    assert history_cli.run(parser.parse_args(["history", "--machine", "local-cpu",
+                                              "--json"])) == 0
+    obj = json.loads(capsys.readouterr().out)
+    by_device = {s["device"]: s for s in obj["speeds"]}
+    assert by_device[1]["g"] == pytest.approx(0.5, rel=1e-3)
+    assert by_device[1]["fixed_s"] == pytest.approx(2e-4, rel=1e-2)
