@@ -24,12 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "device such shards felt (0: as on a free core, 1: the "
                     "measured capacity), which the runtime uses to tell a "
                     "policy what a task's shard will effectively get; and, per "
-                    "kind, dtype and device, the device's speed against the "
-                    "cost model (the slope of its measured seconds against the "
-                    "model's, 1: as modelled) and the fixed cost of a shard the "
-                    "model does not price; a device slower than the fastest by "
-                    "more than 15 % is shown to the policy with that fraction "
-                    "of its capacity.")
+                    "kind, dtype and device, the device's speed beside the "
+                    "devices it ran with, against the cost model (1: as the "
+                    "model says, next to them); a device slower than the "
+                    "fastest by more than 15 % is shown to the policy with that "
+                    "fraction of its capacity.")
     add_machine(p, default=LOCAL_MACHINE)
     add_json(p)
     p.set_defaults(run=run)
@@ -113,16 +112,15 @@ def run(args: argparse.Namespace) -> int:
                              f"{b.samples} samples, mean deviation {b.error:.2f})")
             lines.append(f"  method: {METHOD_FELT}")
         if history.speeds_kept:
-            lines += ["", "speed against the cost model on free devices (MEASURED)",
-                      f"  {'kind':<12} {'dtype':<6} {'device':>6} {'speed g':>8} "
-                      f"{'fixed':>9} {'points':>6} {'runs':>5}"]
+            lines += ["", "speed beside the other devices, against the cost model "
+                      "(MEASURED)",
+                      f"  {'kind':<12} {'dtype':<6} {'device':>6} {'speed':>6} "
+                      f"{'samples':>7} {'runs':>5}"]
             for key in sorted(history.speeds_kept):
                 sp = history.speeds_kept[key]
-                line = sp.line()
-                g, a = ("-", "-") if line is None else \
-                    (f"{line.g:.2f}", fmt_seconds(max(0.0, line.a)))
+                g = "-" if sp.g is None else f"{sp.g:.2f}"
                 lines.append(f"  {sp.kind:<12} {sp.dtype:<6} {sp.device:>6} "
-                             f"{g:>8} {a:>9} {len(sp.points):>6} {sp.runs:>5}")
+                             f"{g:>6} {len(sp.samples):>7} {sp.runs:>5}")
             lines.append(f"  method: {METHOD_SPEED}")
         text = "\n".join(lines)
     emit(args, obj, text)

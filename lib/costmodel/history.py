@@ -17,11 +17,11 @@ not see does not poison it.
 
 These rates are what ``gpuhive history`` shows. Because a small shard's
 seconds include its fixed costs, they are not what corrects the model: for
-that the history keeps, per (kind, dtype, device), points of measured seconds
-against the compute seconds Eq. (1) predicts, and fits a line whose slope is
-the device's speed against the model (:mod:`lib.costmodel.speed`,
-:meth:`History.speeds`); the runtime folds the relative speeds into the
-capacity the policy sees.
+that the history keeps, per (kind, dtype, device), the device's speed
+relative to the devices it ran beside, each against the compute seconds
+Eq. (1) predicts for its shard (:mod:`lib.costmodel.speed`,
+:meth:`History.speeds`), and the runtime folds a device clearly slower than
+the others into the capacity the policy sees.
 
 On disk: ``<home>/history/<machine>.json``, written with
 :func:`lib.storage.write_json_atomic`. A malformed file is refused with one line
@@ -66,7 +66,7 @@ from lib.costmodel.contention import (
 )
 from lib.costmodel.model import CostParams, compute_seconds, corun_factors
 from lib.costmodel.parameters import CalibrationError
-from lib.costmodel.speed import METHOD_SPEED, Speed, read_speed
+from lib.costmodel.speed import METHOD_SPEED, Speed, read_speed, run_speeds
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
@@ -257,13 +257,14 @@ class History:
         return {d: b for d, b in out.items() if b is not None}
 
     def speeds(self, kind: str, dtype: str) -> dict[int, float]:
-        """device -> ``g``, its speed on (kind, dtype) against Eq. (1), for
-        every device whose points fit a line (:func:`lib.costmodel.speed.fit_speed`)."""
+        """device -> ``g``, its speed on (kind, dtype) relative to the devices
+        it ran beside, against Eq. (1), for every device with enough samples
+        (:func:`lib.costmodel.speed.device_speed`)."""
         out = {}
         for (k, dt, device), sp in self.speeds_kept.items():
-            line = sp.line() if (k, dt) == (kind, dtype) else None
-            if line is not None:
-                out[device] = line.g
+            g = sp.g if (k, dt) == (kind, dtype) else None
+            if g is not None:
+                out[device] = g
         return out
 
     # -- learning -----------------------------------------------------------
@@ -282,10 +283,11 @@ class History:
                 an unmeasured (simulated) snapshot says nothing about a real
                 run, so capacity 1 is assumed then, as without one.
             machine, params: the machine and the parameters Eq. (1) prices
-                it with; given both, each device free in the run (capacity
-                1 as above, or measured at least
-                :data:`~lib.costmodel.contention.CONTENDED_CAPACITY`) adds a
-                point to its speed line (:mod:`lib.costmodel.speed`).
+                it with; given both, a run on two or more devices, every one
+                free (capacity 1 as above, or measured at least
+                :data:`~lib.costmodel.contention.CONTENDED_CAPACITY`), adds
+                a sample of each one's relative speed
+                (:func:`lib.costmodel.speed.run_speeds`).
 
         Raises:
             HistoryError: the run is PREDICTED (a model backend's), not MEASURED.
@@ -304,6 +306,9 @@ class History:
         corun = corun_factors(machine, [g for g, (lo, hi) in zip(
             decision.gpus, bounds, strict=True) if hi > lo], params) \
             if priced else {}
+        model: dict[int, float] = {}        # free devices: Eq. (1)'s compute s
+        measured: dict[int, float] = {}     # and the seconds they took
+        everyone_free = True
         for dev, (lo, hi) in zip(decision.gpus, bounds, strict=True):
             seconds = metrics.per_device_seconds.get(dev)
             if hi <= lo or seconds is None or not seconds > 0:
@@ -319,14 +324,11 @@ class History:
                 self.felt.setdefault((int(dev), octave), Felt(int(dev), octave)
                                      ).add(cpu, rho, contention_level(cap))
             work = w.work(task, hi - lo)
-            if priced and cap >= CONTENDED_CAPACITY:
-                model = compute_seconds(task, work, machine, dev, params) \
-                    * corun.get(dev, 1.0)
-                if model > 0:
-                    self.speeds_kept.setdefault(
-                        (task.kind, task.dtype, int(dev)),
-                        Speed(task.kind, task.dtype, int(dev))
-                    ).add(model, float(seconds))
+            everyone_free &= cap >= CONTENDED_CAPACITY
+            if priced:
+                model[int(dev)] = compute_seconds(task, work, machine, dev,
+                                                  params) * corun.get(dev, 1.0)
+                measured[int(dev)] = float(seconds)
             amount = work.flops if w.bound == "compute" else work.mem_traffic
             if amount <= 0:
                 continue
@@ -334,6 +336,11 @@ class History:
             fig = self.figures.setdefault(key, Figure(*key, unit=unit))
             fig.add(amount / (float(seconds) * cap))
             done.append(key)
+        if everyone_free:
+            for dev, log_s in run_speeds(model, measured).items():
+                self.speeds_kept.setdefault(
+                    (task.kind, task.dtype, dev), Speed(task.kind, task.dtype, dev)
+                ).add(log_s)
         return done
 
     # -- writing ------------------------------------------------------------

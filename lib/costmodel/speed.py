@@ -1,35 +1,34 @@
-"""How fast each device really runs a kind of kernel, next to what Eq. (1) says.
+"""How fast each device really runs a kind of kernel, next to the others.
 
 Eq. (1) prices a shard's compute from the device's datasheet peak and the
 kind's calibrated efficiency; two cards of one model share the same figure
 even when one of them runs 20 % slower (a throttled clock, a worse slot, an
-older driver). Every MEASURED run on a free device gives a point per device:
-``x``, the compute seconds Eq. (1) predicts for the shard at full capacity,
-and ``y``, the seconds the device spent on it. StarPU's regression-based
-models fit such points; here the line ``y = a + x / g`` is fitted by
-Theil-Sen (the median of the pairwise slopes, then the median intercept), so
-a run disturbed by something the telemetry did not see does not move it:
+older driver). What a split needs is the devices' speeds *relative to each
+other*, and a run that used several free devices measures exactly that:
+each device's seconds on its shard over the compute seconds Eq. (1) predicts
+for it, ``q_i = y_i / x_i``, and the device's relative speed in that run is
+``s_i = (geometric mean of the run's q) / q_i`` (above 1: faster than the
+run's devices on average, against the model).
 
-- ``a`` is the device's fixed cost of a shard the model does not price (on
-  the cpu backend, the worker reading its job and mapping the buffers);
-- ``g`` is the device's speed on this kind against the model's: 1 where the
-  model is right, 0.5 where the device takes twice as long on large shards.
-  It is measured on the shards' slope, so fixed costs do not pollute it (a
-  rate taken as work over seconds would be dominated by small shards).
+Whatever the run's devices share cancels in the ratio: the regime the
+runtime's runs are in (a woken worker, buffers mapped afresh), the machine's
+memory traffic, the model's error on the kind. A fixed cost of a shard that
+the model does not price is paid by every device alike, so it pulls ``s``
+towards 1 and can only hide a slower device, never invent one. The history
+keeps the last :data:`SPEED_WINDOW` samples of ``log s_i`` per (kind, dtype,
+device); :func:`device_speed` is their median (a run disturbed by something
+the telemetry did not see does not move it).
 
-:func:`fit_speed` fits a line; :func:`speed_snapshot` turns the devices'
-speeds for a task into capacity, the channel every policy and the cost model
-already read: a device at ``g_i`` below the fastest device's ``g`` by more
-than :data:`SPEED_DEADBAND` has its capacity multiplied by ``g_i / max g``.
-Only relative speeds are used: the capacity cannot exceed the device, and a
-model that is off by the same factor on every device splits the same way.
-The runtime applies it (:meth:`lib.runtime.Agent.seen_by_policy`); the history
-(:class:`lib.costmodel.history.History`) keeps the points.
+:func:`speed_snapshot` turns the devices' speeds for a task into capacity,
+the channel every policy and the cost model already read: a device whose
+speed is below the fastest device's by more than :data:`SPEED_DEADBAND` has
+its capacity multiplied by ``g_i / max g``. The runtime applies it
+(:meth:`lib.runtime.Agent.seen_by_policy`); the history
+(:class:`lib.costmodel.history.History`) keeps the samples.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,105 +38,76 @@ import numpy as np
 
 from lib.platform.telemetry import MIN_CAPACITY, Snapshot
 
-#: Points kept per (kind, dtype, device): the most recent.
+#: Samples kept per (kind, dtype, device): the most recent.
 SPEED_WINDOW = 32
-#: Points before a line is fitted.
-MIN_SPEED_POINTS = 8
-#: The model's compute seconds of the points must span this factor, or the
-#: slope is not told apart from the fixed cost.
-MIN_SPREAD = 4.0
-#: Two points enter the median of slopes where their x differ by this factor.
-PAIR_SPREAD = 1.5
+#: Samples before a device's speed is used.
+MIN_SPEED_SAMPLES = 8
 #: A device slower than the fastest by less than this fraction keeps its
 #: capacity (run-to-run noise is not a slower device).
 SPEED_DEADBAND = 0.15
 
-METHOD_SPEED = ("per (kind, dtype, device), over MEASURED runs on a free device: "
-                "y = the device's seconds on its shard against x = the compute "
-                "seconds Eq. (1) predicts for it at full capacity; the line y = a "
-                "+ x / g is fitted by Theil-Sen over the last "
-                f"{SPEED_WINDOW} points (at least {MIN_SPEED_POINTS}, x spanning "
-                f"a factor {MIN_SPREAD:g}); a device whose g is below the "
-                f"fastest device's by more than {SPEED_DEADBAND:.0%} gets that "
+METHOD_SPEED = ("per (kind, dtype, device), over MEASURED runs on two or more "
+                "free devices: q = the device's seconds on its shard / the "
+                "compute seconds Eq. (1) predicts for it, and the device's "
+                "relative speed in the run is the geometric mean of the run's q "
+                "over its own; the figure is the median of the last "
+                f"{SPEED_WINDOW} (at least {MIN_SPEED_SAMPLES}); a device slower "
+                f"than the fastest by more than {SPEED_DEADBAND:.0%} gets that "
                 "fraction of its capacity")
 
 
 @dataclass
 class Speed:
-    """The points one device gave for one (kind, dtype) (MEASURED).
+    """One device's relative speeds on one (kind, dtype) (MEASURED).
 
     Attributes:
-        kind, dtype, device: what the points are of.
-        points: the last :data:`SPEED_WINDOW` ``(model compute seconds,
-            measured seconds)`` pairs.
+        kind, dtype, device: what the samples are of.
+        samples: the last :data:`SPEED_WINDOW` ``log s`` (module docstring).
         runs: every run that ever added one.
     """
 
     kind: str
     dtype: str
     device: int
-    points: list[tuple[float, float]] = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)
     runs: int = 0
 
-    def add(self, model_seconds: float, measured_seconds: float) -> None:
-        self.points = (self.points + [(float(model_seconds),
-                                       float(measured_seconds))])[-SPEED_WINDOW:]
+    def add(self, log_speed: float) -> None:
+        self.samples = (self.samples + [float(log_speed)])[-SPEED_WINDOW:]
         self.runs += 1
 
-    def line(self) -> Line | None:
-        """The fitted line, or None where the points do not tell one."""
-        return fit_speed_cached(tuple(self.points))
+    @property
+    def g(self) -> float | None:
+        """:func:`device_speed` of the samples."""
+        return device_speed(self.samples)
 
     def to_json(self) -> dict[str, Any]:
-        line = self.line()
         return {"kind": self.kind, "dtype": self.dtype, "device": self.device,
-                "runs": self.runs, "points": [list(p) for p in self.points],
-                "g": None if line is None else line.g,
-                "fixed_s": None if line is None else line.a,
+                "runs": self.runs, "samples": list(self.samples), "g": self.g,
                 "label": "MEASURED"}
 
 
-@dataclass(frozen=True)
-class Line:
-    """``measured = a + model / g`` (MEASURED fit).
-
-    Attributes:
-        g: the device's speed against the model's (1: as modelled).
-        a: seconds of a shard the model does not price.
-        points: how many points the fit rests on.
-    """
-
-    g: float
-    a: float
-    points: int
-
-
-def fit_speed(points: Sequence[tuple[float, float]]) -> Line | None:
-    """The Theil-Sen line through ``(model seconds, measured seconds)``
-    points: the median slope over the pairs whose x differ by
-    :data:`PAIR_SPREAD` or more, then the median intercept. None with fewer
-    than :data:`MIN_SPEED_POINTS` points, x spanning less than
-    :data:`MIN_SPREAD`, or a slope that is not positive."""
-    if len(points) < MIN_SPEED_POINTS:
+def device_speed(samples: Sequence[float]) -> float | None:
+    """``exp(median(log s))``, the device's speed relative to the devices it
+    ran beside (1: as the model says, next to them); None below
+    :data:`MIN_SPEED_SAMPLES` samples."""
+    if len(samples) < MIN_SPEED_SAMPLES:
         return None
-    x = np.array([p[0] for p in points], float)
-    y = np.array([p[1] for p in points], float)
-    if not (x.min() > 0 and x.max() / x.min() >= MIN_SPREAD):
-        return None
-    i, j = np.triu_indices(len(x), k=1)
-    lo, hi = np.minimum(x[i], x[j]), np.maximum(x[i], x[j])
-    keep = hi >= PAIR_SPREAD * lo
-    slope = float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep]))
-    if not slope > 0:
-        return None
-    return Line(g=1.0 / slope, a=float(np.median(y - slope * x)), points=len(x))
+    return math.exp(float(np.median(samples)))
 
 
-@functools.lru_cache(maxsize=256)
-def fit_speed_cached(points: tuple[tuple[float, float], ...]) -> Line | None:
-    """:func:`fit_speed`, remembered (the points change only when a run is
-    learned)."""
-    return fit_speed(points)
+def run_speeds(model: Mapping[int, float], measured: Mapping[int, float]
+               ) -> dict[int, float]:
+    """``log s_i`` of each device of one run (module docstring): ``model``
+    and ``measured`` map each free device that ran a shard to the compute
+    seconds Eq. (1) predicts for it and the seconds it took. Empty with fewer
+    than two such devices."""
+    devices = [d for d in model if model[d] > 0 and measured.get(d, 0.0) > 0]
+    if len(devices) < 2:
+        return {}
+    logq = {d: math.log(measured[d] / model[d]) for d in devices}
+    mean = sum(logq.values()) / len(logq)
+    return {d: mean - logq[d] for d in devices}
 
 
 def relative_speeds(speeds: Mapping[int, float], devices: Sequence[int]
@@ -169,7 +139,7 @@ def speed_snapshot(snapshot: Snapshot | None, speeds: Mapping[int, float]
     for i, f in factors.items():
         capacity[i] = max(MIN_CAPACITY, capacity[i] * f)
         provenance[i] = (f"{provenance[i]}; x {f:.2f}: this device ran this kind "
-                         f"at {f:.0%} of the fastest one's speed against the "
+                         f"at {f:.0%} of the fastest one's speed, against the "
                          "model (history)").lstrip("; ")
     return replace(snapshot, capacity=tuple(capacity),
                    capacity_provenance=tuple(provenance))
@@ -181,11 +151,11 @@ def read_speed(obj: Any) -> Speed:
     device = obj["device"]
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"device {device!r}")
-    points = [(float(x), float(y)) for x, y in obj["points"]]
-    if not points or not all(math.isfinite(v) and v > 0 for p in points for v in p):
-        raise ValueError("points must be pairs of positive seconds")
+    samples = [float(v) for v in obj["samples"]]
+    if not samples or not all(math.isfinite(v) and abs(v) < 20 for v in samples):
+        raise ValueError("samples must be logs of speeds (finite, |log s| < 20)")
     runs = int(obj["runs"])
-    if runs < len(points):
-        raise ValueError(f"runs {runs} < {len(points)} points")
+    if runs < len(samples):
+        raise ValueError(f"runs {runs} < {len(samples)} samples")
     return Speed(str(obj["kind"]), str(obj["dtype"]), device,
-                 points[-SPEED_WINDOW:], runs)
+                 samples[-SPEED_WINDOW:], runs)
