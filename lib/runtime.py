@@ -23,7 +23,7 @@ from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import contention_level, effective_snapshot
 from lib.costmodel.history import History
 from lib.costmodel.parameters import params_for
-from lib.costmodel.speed import speed_snapshot
+from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
@@ -123,12 +123,15 @@ class Agent:
         if snap is None or snap.capacity is None:
             return snap
         history = History.peek(self.machine.name)
+        params = params_for(self.machine.name)
+        lengths = equal_shard_seconds(task, self.machine, params,
+                                      [i for i, ok in enumerate(snap.healthy) if ok])
+        speeds = history.speeds(task.kind, task.dtype, lengths)
         if min(snap.capacity) < 1.0:
             levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
-            snap = effective_snapshot(task, self.machine, snap,
-                                      params_for(self.machine.name),
+            snap = effective_snapshot(task, self.machine, snap, params,
                                       history.bursts(levels))
-        return speed_snapshot(snap, history.speeds(task.kind, task.dtype))
+        return speed_snapshot(snap, speeds)
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:

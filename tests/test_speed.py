@@ -15,6 +15,7 @@ from lib.costmodel.speed import (
     MIN_SPEED_SAMPLES,
     SPEED_DEADBAND,
     device_speed,
+    equal_shard_seconds,
     relative_speeds,
     run_speeds,
     speed_snapshot,
@@ -72,9 +73,9 @@ def test_only_a_slower_device_outside_the_deadband_loses_capacity():
 
 
 def _run_on(machine, task, devices, weights, slow: dict[int, float], params,
-            measured: bool = True):
+            measured: bool = True, fixed: dict[int, float] | None = None):
     """A run whose device i took ``slow[i]`` times the model's compute
-    seconds, plus 0.2 ms of fixed cost."""
+    seconds, plus ``fixed[i]`` seconds (0.2 ms each by default)."""
     from lib.platform.workloads import split_rows
     dec = decision_from_weights(task, list(devices), list(weights)).with_hash(task)
     w = workload(task)
@@ -85,18 +86,26 @@ def _run_on(machine, task, devices, weights, slow: dict[int, float], params,
     for g, (lo, hi) in zip(dec.gpus, bounds, strict=True):
         if hi > lo:
             model = compute_seconds(task, w.work(task, hi - lo), machine, g, params)
-            seconds[g] = 2e-4 + slow[g] * model * corun[g]
+            seconds[g] = (fixed or {}).get(g, 2e-4) + slow[g] * model * corun[g]
     metrics = ExecutionMetrics(backend="cpu", measured=measured,
                                per_device_seconds=seconds,
                                total_seconds=max(seconds.values()))
     return task, dec, Result(None, metrics, task, dec)
 
 
-def _teach(h: History, machine, params, slow, snapshot=FREE, kind="elementwise"):
-    for n in np.geomspace(1 << 20, 1 << 24, 12).astype(int):
-        task = TaskSpec(kind, {"N": int(n)})
-        h.update(*_run_on(machine, task, (0, 1), (0.5, 0.5), slow, params),
-                 snapshot, machine, params)
+BIG = TaskSpec("elementwise", {"N": 1 << 24})
+
+
+def _teach(h: History, machine, params, slow, snapshot=FREE, task=BIG, runs=12,
+           fixed=None):
+    for k in range(runs):
+        t = TaskSpec(task.kind, {"N": task.dims["N"] + k})
+        h.update(*_run_on(machine, t, (0, 1), (0.5, 0.5), slow, params,
+                          fixed=fixed), snapshot, machine, params)
+
+
+def _lengths(task, machine, params):
+    return equal_shard_seconds(task, machine, params, [0, 1])
 
 
 def test_the_history_learns_each_free_devices_speed_and_round_trips(home):
@@ -104,16 +113,36 @@ def test_the_history_learns_each_free_devices_speed_and_round_trips(home):
     params = params_for("local-cpu")
     h = History("local-cpu")
     _teach(h, machine, params, {0: 1.0, 1: 2.0})
-    speeds = h.speeds("elementwise", "fp32")
+    at = _lengths(BIG, machine, params)
+    speeds = h.speeds("elementwise", "fp32", at)
     # relative to each other: device 1 at half of device 0, within the pull
     # of the 0.2 ms fixed cost towards 1
     assert speeds[1] / speeds[0] == pytest.approx(0.5, rel=0.05)
     assert speeds[1] / speeds[0] >= 0.5
-    assert h.speeds("matmul", "fp32") == {}
+    assert h.speeds("matmul", "fp32", at) == {}
+    small = _lengths(TaskSpec("elementwise", {"N": 1 << 14}), machine, params)
+    assert h.speeds("elementwise", "fp32", small) == {}   # no shard that short
     h.save()
     again = History.load("local-cpu")
-    assert again.speeds("elementwise", "fp32") == speeds
-    assert History.peek("local-cpu").speeds("elementwise", "fp32") == speeds
+    assert again.speeds("elementwise", "fp32", at) == speeds
+    assert History.peek("local-cpu").speeds("elementwise", "fp32", at) == speeds
+
+
+def test_speeds_are_kept_by_length_of_shard():
+    # Device 1 pays 2 ms that device 0 does not (on the cpu backend: the host
+    # process sits on its core): short shards there run at a fraction of
+    # device 0's speed, long ones at nearly the same.
+    machine = load_machine("local-cpu")
+    params = params_for("local-cpu")
+    short = TaskSpec("elementwise", {"N": 1 << 16})
+    h = History("local-cpu")
+    for task in (short, BIG):
+        _teach(h, machine, params, {0: 1.0, 1: 1.0}, task=task,
+               fixed={0: 1e-4, 1: 2.1e-3})
+    s_short = h.speeds("elementwise", "fp32", _lengths(short, machine, params))
+    s_long = h.speeds("elementwise", "fp32", _lengths(BIG, machine, params))
+    assert s_short[1] / s_short[0] < 0.5
+    assert s_long[1] / s_long[0] > 1 - SPEED_DEADBAND
 
 
 def test_a_contended_device_one_device_or_no_model_gives_no_sample():
@@ -148,6 +177,11 @@ def test_malformed_speed_entry_is_refused_in_one_line(home):
         assert "\n" not in str(err.value)
         with pytest.raises(HistoryError):
             History.peek("local-cpu")
+    obj["speeds"][0]["samples"] = [0.0]
+    obj["speeds"][0]["octave"] = 2.5
+    path.write_text(json.dumps(obj))
+    with pytest.raises(HistoryError, match="speed entry 0: octave 2.5"):
+        History.load("local-cpu")
 
 
 @pytest.mark.parametrize("policy", ["oracle", "heft", "rl-ppo"])
@@ -185,7 +219,8 @@ def test_cli_shows_each_devices_speed(capsys):
                                               "local-cpu"])) == 0
     text = capsys.readouterr().out
     assert "speed beside the other devices, against the cost model" in text
-    assert "elementwise  fp32        1   0.7" in text      # 2 ** -0.5, pulled up
+    assert "elementwise  fp32        1" in text and "  0.7" in text  # 2 ** -0.5
+
     assert history_cli.run(parser.parse_args(["history", "--machine", "local-cpu",
                                               "--json"])) == 0
     obj = json.loads(capsys.readouterr().out)

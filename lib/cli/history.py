@@ -114,13 +114,15 @@ def run(args: argparse.Namespace) -> int:
         if history.speeds_kept:
             lines += ["", "speed beside the other devices, against the cost model "
                       "(MEASURED)",
-                      f"  {'kind':<12} {'dtype':<6} {'device':>6} {'speed':>6} "
-                      f"{'samples':>7} {'runs':>5}"]
+                      f"  {'kind':<12} {'dtype':<6} {'device':>6} "
+                      f"{'modelled shard':>20} {'speed':>6} {'samples':>7} "
+                      f"{'runs':>5}"]
             for key in sorted(history.speeds_kept):
                 sp = history.speeds_kept[key]
                 g = "-" if sp.g is None else f"{sp.g:.2f}"
                 lines.append(f"  {sp.kind:<12} {sp.dtype:<6} {sp.device:>6} "
-                             f"{g:>6} {len(sp.samples):>7} {sp.runs:>5}")
+                             f"{_span(sp.octave):>20} {g:>6} "
+                             f"{len(sp.samples):>7} {sp.runs:>5}")
             lines.append(f"  method: {METHOD_SPEED}")
         text = "\n".join(lines)
     emit(args, obj, text)

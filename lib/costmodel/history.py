@@ -66,7 +66,15 @@ from lib.costmodel.contention import (
 )
 from lib.costmodel.model import CostParams, compute_seconds, corun_factors
 from lib.costmodel.parameters import CalibrationError
-from lib.costmodel.speed import METHOD_SPEED, Speed, read_speed, run_speeds
+from lib.costmodel.speed import (
+    METHOD_SPEED,
+    OCTAVE_REACH,
+    Speed,
+    device_speed,
+    octave_of,
+    read_speed,
+    run_speeds,
+)
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
@@ -161,12 +169,12 @@ class History:
     def __init__(self, machine: str,
                  figures: Mapping[tuple[str, str, int], Figure] | None = None,
                  felt: Mapping[tuple[int, int], Felt] | None = None,
-                 speeds: Mapping[tuple[str, str, int], Speed] | None = None):
+                 speeds: Mapping[tuple[str, str, int, int], Speed] | None = None):
         self.machine = machine
         file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
         self.felt: dict[tuple[int, int], Felt] = dict(felt or {})
-        self.speeds_kept: dict[tuple[str, str, int], Speed] = dict(speeds or {})
+        self.speeds_kept: dict[tuple[str, str, int, int], Speed] = dict(speeds or {})
 
     @property
     def path(self) -> Path:
@@ -256,13 +264,24 @@ class History:
                for d in sorted({d for d, _ in self.felt})}
         return {d: b for d, b in out.items() if b is not None}
 
-    def speeds(self, kind: str, dtype: str) -> dict[int, float]:
+    def speeds(self, kind: str, dtype: str, lengths: Mapping[int, float]
+               ) -> dict[int, float]:
         """device -> ``g``, its speed on (kind, dtype) relative to the devices
-        it ran beside, against Eq. (1), for every device with enough samples
-        (:func:`lib.costmodel.speed.device_speed`)."""
+        it ran beside, against Eq. (1), for shards of the length ``lengths``
+        gives it (device -> modelled compute seconds, as
+        :func:`lib.costmodel.speed.equal_shard_seconds` gives them): the
+        median of its samples within
+        :data:`~lib.costmodel.speed.OCTAVE_REACH` octaves of that length, for
+        every device with enough of them."""
         out = {}
-        for (k, dt, device), sp in self.speeds_kept.items():
-            g = sp.g if (k, dt) == (kind, dtype) else None
+        for device, seconds in lengths.items():
+            if not seconds > 0:
+                continue
+            o = octave_of(seconds)
+            samples = [v for (k, dt, d, oc), sp in self.speeds_kept.items()
+                       if (k, dt, d) == (kind, dtype, device)
+                       and abs(oc - o) <= OCTAVE_REACH for v in sp.samples]
+            g = device_speed(samples)
             if g is not None:
                 out[device] = g
         return out
@@ -338,9 +357,8 @@ class History:
             done.append(key)
         if everyone_free:
             for dev, log_s in run_speeds(model, measured).items():
-                self.speeds_kept.setdefault(
-                    (task.kind, task.dtype, dev), Speed(task.kind, task.dtype, dev)
-                ).add(log_s)
+                key = (task.kind, task.dtype, dev, octave_of(model[dev]))
+                self.speeds_kept.setdefault(key, Speed(*key)).add(log_s)
         return done
 
     # -- writing ------------------------------------------------------------
@@ -383,7 +401,7 @@ _PEEKED: dict[tuple[str, str, str], History] = {}
 
 def _read(path: Path, machine: str, data: bytes | None = None
           ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt],
-                     dict[tuple[str, str, int], Speed]]:
+                     dict[tuple[str, str, int, int], Speed]]:
     """Parse a history file into its figures, what shards felt and the speed
     points (the last two absent in a file written before the history kept
     them: none); :class:`HistoryError` in one line if malformed. ``data``:
@@ -448,13 +466,13 @@ def _read(path: Path, machine: str, data: bytes | None = None
     speed_list = obj.get("speeds", [])
     if not isinstance(speed_list, list):
         raise bad("'speeds' is not a list")
-    speeds: dict[tuple[str, str, int], Speed] = {}
+    speeds: dict[tuple[str, str, int, int], Speed] = {}
     for i, f in enumerate(speed_list):
         try:
             sp = read_speed(f)
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"speed entry {i}: {exc}") from None
-        speeds[(sp.kind, sp.dtype, sp.device)] = sp
+        speeds[(sp.kind, sp.dtype, sp.device, sp.octave)] = sp
     return out, felt, speeds
 
 

@@ -12,12 +12,15 @@ run's devices on average, against the model).
 
 Whatever the run's devices share cancels in the ratio: the regime the
 runtime's runs are in (a woken worker, buffers mapped afresh), the machine's
-memory traffic, the model's error on the kind. A fixed cost of a shard that
-the model does not price is paid by every device alike, so it pulls ``s``
-towards 1 and can only hide a slower device, never invent one. The history
-keeps the last :data:`SPEED_WINDOW` samples of ``log s_i`` per (kind, dtype,
-device); :func:`device_speed` is their median (a run disturbed by something
-the telemetry did not see does not move it).
+memory traffic, the model's error on the kind. What they do not share does
+not, and it depends on the shard's length: on the cpu backend a short shard
+on the core the host process sits on waits for the host, a long one does
+not. So, as StarPU keys its history by the task's size, the history keeps
+the last :data:`SPEED_WINDOW` samples of ``log s_i`` per (kind, dtype,
+device) *and octave of the shard's modelled compute seconds*, and a task is
+judged by the samples of its own length (:data:`OCTAVE_REACH` octaves either
+side; :func:`device_speed`, the median, so a run disturbed by something the
+telemetry did not see does not move it).
 
 :func:`speed_snapshot` turns the devices' speeds for a task into capacity,
 the channel every policy and the cost model already read: a device whose
@@ -36,32 +39,43 @@ from typing import Any
 
 import numpy as np
 
+from lib.contract import TaskSpec, decision_from_weights
+from lib.costmodel.model import CostParams, compute_seconds, corun_factors
+from lib.platform.machines import Machine
 from lib.platform.telemetry import MIN_CAPACITY, Snapshot
+from lib.platform.workloads import split_rows, workload
 
 #: Samples kept per (kind, dtype, device): the most recent.
 SPEED_WINDOW = 32
 #: Samples before a device's speed is used.
 MIN_SPEED_SAMPLES = 8
+#: A task's length is judged by the samples of shards this many octaves of
+#: modelled compute seconds either side of its own.
+OCTAVE_REACH = 1
 #: A device slower than the fastest by less than this fraction keeps its
 #: capacity (run-to-run noise is not a slower device).
 SPEED_DEADBAND = 0.15
 
-METHOD_SPEED = ("per (kind, dtype, device), over MEASURED runs on two or more "
+METHOD_SPEED = ("per (kind, dtype, device, octave of the shard's modelled compute "
+                "seconds), over MEASURED runs on two or more "
                 "free devices: q = the device's seconds on its shard / the "
                 "compute seconds Eq. (1) predicts for it, and the device's "
                 "relative speed in the run is the geometric mean of the run's q "
-                "over its own; the figure is the median of the last "
-                f"{SPEED_WINDOW} (at least {MIN_SPEED_SAMPLES}); a device slower "
+                f"over its own; the last {SPEED_WINDOW} are kept; a task's figure "
+                f"is the median of those within {OCTAVE_REACH} octave of its "
+                f"shards' length (at least {MIN_SPEED_SAMPLES}); a device slower "
                 f"than the fastest by more than {SPEED_DEADBAND:.0%} gets that "
                 "fraction of its capacity")
 
 
 @dataclass
 class Speed:
-    """One device's relative speeds on one (kind, dtype) (MEASURED).
+    """One device's relative speeds on one (kind, dtype) and length of shard
+    (MEASURED).
 
     Attributes:
         kind, dtype, device: what the samples are of.
+        octave: ``floor(log2(modelled compute seconds))`` of the shards.
         samples: the last :data:`SPEED_WINDOW` ``log s`` (module docstring).
         runs: every run that ever added one.
     """
@@ -69,6 +83,7 @@ class Speed:
     kind: str
     dtype: str
     device: int
+    octave: int
     samples: list[float] = field(default_factory=list)
     runs: int = 0
 
@@ -78,13 +93,19 @@ class Speed:
 
     @property
     def g(self) -> float | None:
-        """:func:`device_speed` of the samples."""
+        """:func:`device_speed` of this octave's samples alone."""
         return device_speed(self.samples)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "dtype": self.dtype, "device": self.device,
-                "runs": self.runs, "samples": list(self.samples), "g": self.g,
-                "label": "MEASURED"}
+                "octave": self.octave, "runs": self.runs,
+                "samples": list(self.samples), "g": self.g, "label": "MEASURED"}
+
+
+def octave_of(seconds: float) -> int:
+    """``floor(log2(seconds))``: the octave a shard's modelled compute
+    seconds fall in."""
+    return math.floor(math.log2(seconds))
 
 
 def device_speed(samples: Sequence[float]) -> float | None:
@@ -94,6 +115,21 @@ def device_speed(samples: Sequence[float]) -> float | None:
     if len(samples) < MIN_SPEED_SAMPLES:
         return None
     return math.exp(float(np.median(samples)))
+
+
+def equal_shard_seconds(task: TaskSpec, machine: Machine, params: CostParams,
+                        devices: Sequence[int]) -> dict[int, float]:
+    """The compute seconds Eq. (1) predicts for each of ``devices``' shard in
+    an equal split of ``task`` over them, at full capacity: the length the
+    task's speeds are looked up at."""
+    dec = decision_from_weights(task, list(devices), [1.0] * len(devices))
+    w = workload(task)
+    bounds = split_rows(task.split_size, dec.shares)
+    active = [g for g, (lo, hi) in zip(dec.gpus, bounds, strict=True) if hi > lo]
+    corun = corun_factors(machine, active, params)
+    return {g: compute_seconds(task, w.work(task, hi - lo), machine, g, params)
+            * corun[g] for g, (lo, hi) in zip(dec.gpus, bounds, strict=True)
+            if hi > lo}
 
 
 def run_speeds(model: Mapping[int, float], measured: Mapping[int, float]
@@ -148,14 +184,16 @@ def speed_snapshot(snapshot: Snapshot | None, speeds: Mapping[int, float]
 def read_speed(obj: Any) -> Speed:
     """One stored :class:`Speed`; ValueError (or KeyError, TypeError) naming
     what is wrong."""
-    device = obj["device"]
+    device, octave = obj["device"], obj["octave"]
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"device {device!r}")
+    if isinstance(octave, bool) or not isinstance(octave, int):
+        raise ValueError(f"octave {octave!r}")
     samples = [float(v) for v in obj["samples"]]
     if not samples or not all(math.isfinite(v) and abs(v) < 20 for v in samples):
         raise ValueError("samples must be logs of speeds (finite, |log s| < 20)")
     runs = int(obj["runs"])
     if runs < len(samples):
         raise ValueError(f"runs {runs} < {len(samples)} samples")
-    return Speed(str(obj["kind"]), str(obj["dtype"]), device,
+    return Speed(str(obj["kind"]), str(obj["dtype"]), device, octave,
                  samples[-SPEED_WINDOW:], runs)
