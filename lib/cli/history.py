@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 
 from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit, fmt_seconds
 
@@ -49,26 +48,10 @@ def _span(octave: int) -> str:
 
 def _band(level: float) -> str:
     """The capacities of the octave of contention level ``level`` is the
-    middle of, ``[2**k, 2**(k+1))``, as text."""
-    k = math.floor(math.log2(level))
-    return (f" beside capacity {1 / (1 + 2.0 ** (k + 1)):.2f}-"
-            f"{1 / (1 + 2.0 ** k):.2f}")
-
-
-def _bursts_by_level(history) -> list[tuple[float | None, object]]:
-    """(level, burst) for each device and octave of contention level its
-    samples were taken at (the fit the runtime makes at that octave's middle,
-    ``2 ** (k + 1/2)``); one fit over all samples (level None) for a device
-    whose samples carry no level."""
-    out = []
-    for device in sorted({d for d, _ in history.felt}):
-        octaves = sorted({math.floor(math.log2(v)) for v in history.levels(device)
-                          if v > 0})
-        for level in [2.0 ** (k + 0.5) for k in octaves] or [None]:
-            burst = history.burst(device, level)
-            if burst is not None:
-                out.append((level, burst))
-    return out
+    middle of, as text."""
+    from lib.costmodel.contention import capacity_band
+    low, high = capacity_band(level)
+    return f" beside capacity {low:.2f}-{high:.2f}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     history = History.load(args.machine)
     obj = history.to_json()
     obj["path"] = str(history.path)
-    bursts = _bursts_by_level(history)
+    bursts = [(level, b) for d in sorted({d for d, _ in history.felt})
+              for level, b in history.bands(d)]
     obj["bursts"] = [{**dataclasses.asdict(b), "level": level}
                      for level, b in bursts]
     if not len(history):

@@ -34,6 +34,7 @@ samples, and without samples a snapshot is used as it is.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -85,6 +86,13 @@ def contention_level(capacity: float) -> float:
     """The strength of the contention a capacity ``c`` says, ``1 / c - 1``: how
     many threads as busy as a shard share its core (0 on a free core)."""
     return 1.0 / max(float(capacity), MIN_CAPACITY) - 1.0
+
+
+def capacity_band(level: float) -> tuple[float, float]:
+    """The capacities ``(low, high)`` of the octave ``[2**k, 2**(k+1))`` of
+    contention level that ``level`` falls in."""
+    k = math.floor(math.log2(level))
+    return 1.0 / (1.0 + 2.0 ** (k + 1)), 1.0 / (1.0 + 2.0 ** k)
 
 
 def similar_level(taken: float | None, level: float | None) -> bool:

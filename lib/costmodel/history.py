@@ -264,6 +264,20 @@ class History:
                for d in sorted({d for d, _ in self.felt})}
         return {d: b for d, b in out.items() if b is not None}
 
+    def bands(self, device: int) -> list[tuple[float | None, Burst]]:
+        """(level, burst) for each octave ``[2**k, 2**(k+1))`` of contention
+        level ``device``'s samples were taken at: the fit the runtime makes at
+        the octave's middle, ``2 ** (k + 1/2)``; one fit over all its samples
+        (level None) where they carry no level."""
+        octaves = sorted({math.floor(math.log2(v)) for v in self.levels(device)
+                          if v > 0})
+        out = []
+        for level in [2.0 ** (k + 0.5) for k in octaves] or [None]:
+            burst = self.burst(device, level)
+            if burst is not None:
+                out.append((level, burst))
+        return out
+
     def speeds(self, kind: str, dtype: str, lengths: Mapping[int, float]
                ) -> dict[int, float]:
         """device -> ``g``, its speed on (kind, dtype) relative to the devices
