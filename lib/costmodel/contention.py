@@ -154,6 +154,35 @@ class Felt:
                 "label": "MEASURED"}
 
 
+def read_felt(obj: Any) -> Felt:
+    """One stored :class:`Felt`; ValueError (or KeyError, TypeError) naming
+    what is wrong. A sample is ``[CPU seconds, rho, level]``, or ``[CPU
+    seconds, rho]`` from a file written before levels were kept (level
+    unknown)."""
+    device, octave = obj["device"], obj["octave"]
+    for name, v in (("device", device), ("octave", octave)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} {v!r}")
+    if device < 0:
+        raise ValueError(f"device {device!r}")
+    samples = []
+    for p in obj["samples"]:
+        if isinstance(p, (str, bytes)) or len(p) not in (2, 3):
+            raise ValueError(f"sample {p!r} is not [CPU seconds, rho, level]")
+        level = float(p[2]) if len(p) == 3 else None
+        if level is not None and not (math.isfinite(level) and level >= 0.0):
+            raise ValueError(f"sample level {level!r} must be a number >= 0")
+        samples.append((float(p[0]), float(p[1]), level))
+    if not samples or not all(0.0 <= r <= FELT_MAX for _, r, _ in samples):
+        raise ValueError(f"samples' rho must lie in [0, {FELT_MAX}]")
+    if not all(2.0 ** octave <= t < 2.0 ** (octave + 1) for t, _, _ in samples):
+        raise ValueError(f"samples' CPU seconds outside octave {octave}")
+    runs = int(obj["runs"])
+    if runs < len(samples):
+        raise ValueError(f"runs {runs} < {len(samples)} samples")
+    return Felt(device, octave, samples[-FELT_WINDOW:], runs)
+
+
 @dataclass(frozen=True)
 class Burst:
     """A device's fitted burst model: shards feel ``rho_inf (1 - b / tau)``

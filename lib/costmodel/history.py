@@ -53,8 +53,6 @@ import numpy as np
 from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import (
     CONTENDED_CAPACITY,
-    FELT_MAX,
-    FELT_WINDOW,
     METHOD_FELT,
     MIN_FELT_SAMPLES,
     Burst,
@@ -62,6 +60,7 @@ from lib.costmodel.contention import (
     contention_level,
     felt_sample,
     fit_burst_cached,
+    read_felt,
     similar_level,
 )
 from lib.costmodel.model import CostParams, compute_seconds, corun_factors
@@ -459,24 +458,10 @@ def _read(path: Path, machine: str, data: bytes | None = None
     felt: dict[tuple[int, int], Felt] = {}
     for i, f in enumerate(felt_list):
         try:
-            device, octave = f["device"], f["octave"]
-            for name, v in (("device", device), ("octave", octave)):
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise ValueError(f"{name} {v!r}")
-            if device < 0:
-                raise ValueError(f"device {device!r}")
-            samples = [_felt_triple(p) for p in f["samples"]]
-            if not samples or not all(0.0 <= r <= FELT_MAX for _, r, _ in samples):
-                raise ValueError(f"samples' rho must lie in [0, {FELT_MAX}]")
-            if not all(2.0 ** octave <= t < 2.0 ** (octave + 1)
-                       for t, _, _ in samples):
-                raise ValueError(f"samples' CPU seconds outside octave {octave}")
-            runs = int(f["runs"])
-            if runs < len(samples):
-                raise ValueError(f"runs {runs} < {len(samples)} samples")
+            entry = read_felt(f)
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"felt entry {i}: {exc}") from None
-        felt[(device, octave)] = Felt(device, octave, samples[-FELT_WINDOW:], runs)
+        felt[(entry.device, entry.octave)] = entry
     speed_list = obj.get("speeds", [])
     if not isinstance(speed_list, list):
         raise bad("'speeds' is not a list")
@@ -488,15 +473,3 @@ def _read(path: Path, machine: str, data: bytes | None = None
             raise bad(f"speed entry {i}: {exc}") from None
         speeds[(sp.kind, sp.dtype, sp.device, sp.octave)] = sp
     return out, felt, speeds
-
-
-def _felt_triple(p: Any) -> tuple[float, float, float | None]:
-    """One stored felt sample: ``[CPU seconds, rho, level]``, or ``[CPU
-    seconds, rho]`` from a file written before levels were kept (level
-    unknown)."""
-    if isinstance(p, (str, bytes)) or len(p) not in (2, 3):
-        raise ValueError(f"sample {p!r} is not [CPU seconds, rho, level]")
-    level = float(p[2]) if len(p) == 3 else None
-    if level is not None and not (math.isfinite(level) and level >= 0.0):
-        raise ValueError(f"sample level {level!r} must be a number >= 0")
-    return float(p[0]), float(p[1]), level
