@@ -13,6 +13,7 @@ from lib.contract import KINDS
 from lib.evaluation import evaluate, protocol
 from lib.evaluation.protocol import MAX_ROUNDS, _measure, _rounds, physical_limit
 from lib.execution import get_backend
+from lib.execution.base import run_key
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import busy
 from lib.platform.workloads import workload
@@ -162,6 +163,40 @@ def test_measure_interleaves_rounds_and_shares_identical_decisions(monkeypatch):
     assert out[a][0] == 3.0          # median of 1, 3, 4
     assert out[b][0] == 5.0          # median of 2, 5, 6
     assert set(out) == {a, b}
+
+
+def test_decisions_the_backend_runs_alike_share_their_runs(monkeypatch):
+    # On the cpu backend the mode, chunk and block do not change what the
+    # workers do: the same rows on the same devices are one run, whatever
+    # the hash. Two decisions with other rows are two.
+    from lib.contract import decision_from_weights
+    from lib.execution.cpu import CpuBackend
+    monkeypatch.setattr(protocol, "ROUND_SECONDS", 0.0)
+    machine = load_machine("local-cpu")
+    task = task_set("cpu", "smoke", 0)[0]
+    split = decision_from_weights(task, [0, 1], [1.0, 1.0]).with_hash(task)
+    piped = dataclasses.replace(split, mode="pipelined",
+                                chunk=max(1, task.split_size // 4)).with_hash(task)
+    other = decision_from_weights(task, [0, 1], [3.0, 1.0]).with_hash(task)
+    assert len({split.config_hash, piped.config_hash, other.config_hash}) == 3
+    cpu = CpuBackend(machine)          # never started: only its run_key is used
+    assert run_key(cpu, task, split) == run_key(cpu, task, piped)
+    assert run_key(cpu, task, split) != run_key(cpu, task, other)
+
+    class _CpuClock(_Clock):
+        run_key = staticmethod(cpu.run_key)
+
+    clock = _CpuClock(machine, [9.0, 9.0, 1.0, 2.0, 5.0, 3.0, 4.0, 6.0])
+    agent = Agent(policy=make_policy("equal", 0), machine=machine, backend=clock)
+    decided = {"a": (agent, split, 1.0), "b": (agent, piped, 1.0),
+               "c": (agent, other, 1.0)}
+    out = _measure(task, decided, clock, repeats=3, bar=None)
+    assert clock.calls == [split.config_hash, other.config_hash] * 2 + \
+        [other.config_hash, split.config_hash, split.config_hash, other.config_hash]
+    assert out[split.config_hash] == out[piped.config_hash]
+    assert out[split.config_hash][0] == 3.0 and out[other.config_hash][0] == 5.0
+    # a backend without run_key tells decisions apart by their hash
+    assert run_key(object(), task, split) == split.config_hash
 
 
 def test_no_optimum_leaves_out_the_oracle_and_says_t2_cannot_pass():

@@ -11,10 +11,11 @@ runs :func:`evaluate` (this module):
    ``cuda``, ``dask``) MEASURE, with warm-ups and repeats (medians). On a
    measured backend the runs of one task are interleaved: every distinct
    decision of the task is warmed up once, then run once per round, the
-   rounds rotating the order, and policies that chose the same decision
-   share its runs (:func:`_measure`). Drift on a shared machine (another
-   user's job starting) then falls on every policy alike, and two policies
-   that decided alike get the same figure, not two draws of the noise. A
+   rounds rotating the order, and policies whose decisions the backend runs
+   the same way share their runs (:func:`_measure`). Drift on a shared
+   machine (another user's job starting) then falls on every policy alike,
+   and two policies that decided alike get the same figure, not two draws of
+   the noise. A
    short task gets more rounds than the budget's repeats, as many as fit in
    :data:`ROUND_SECONDS` of its slowest decision (at most
    :data:`MAX_ROUNDS`): its median then rests on enough runs to see past
@@ -62,6 +63,7 @@ from lib.evaluation.experiments import learned_policy, run_ablations, run_transf
 from lib.evaluation.report import LEARNED, EvalReport, Row
 from lib.evaluation.targets import targets
 from lib.execution import get_backend
+from lib.execution.base import run_key
 from lib.execution.load import CoreLoad
 from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
@@ -302,21 +304,29 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
     """Run each distinct accepted decision of ``decided`` (policy -> (agent,
     decision or None, decide_us)) and return config hash -> (seconds, label).
 
-    On the model backend (``runner`` None) one run each: a prediction does
-    not vary. On a measured one the runs are interleaved: one untimed warm-up
-    of each distinct decision, then :func:`_rounds` rounds (``repeats``, or
-    more for a short task), each running every distinct decision once through
-    its first chooser's agent (so the run feeds the history as any execution
-    does), the order rotated by one each round; the figure is the median of a
-    decision's rounds, shared by every policy that chose it.
+    Decisions are distinct when the backend would run them differently
+    (:func:`lib.execution.base.run_key`: on the cpu backend, when some device
+    gets other rows; elsewhere, when their hashes differ). On the model
+    backend (``runner`` None) one run each: a prediction does not vary. On a
+    measured one the runs are interleaved: one untimed warm-up of each
+    distinct decision, then :func:`_rounds` rounds (``repeats``, or more for a
+    short task), each running every distinct decision once through its first
+    chooser's agent (so the run feeds the history as any execution does), the
+    order rotated by one each round; the figure is the median of a decision's
+    rounds, shared by every policy whose decision runs the same.
     """
-    chooser: dict[str, tuple[Agent, Any]] = {}
+    chooser: dict[Any, tuple[Agent, Any]] = {}
+    key_of: dict[str, Any] = {}
     for agent, decision, _ in decided.values():
-        if decision is not None and decision.config_hash not in chooser:
-            chooser[decision.config_hash] = (agent, decision)
+        if decision is None:
+            continue
+        key = run_key(runner, task, decision) if runner is not None \
+            else decision.config_hash
+        key_of[decision.config_hash] = key
+        chooser.setdefault(key, (agent, decision))
     order = list(chooser)
-    runs: dict[str, list[float]] = {key: [] for key in order}
-    labels: dict[str, str] = {}
+    runs: dict[Any, list[float]] = {key: [] for key in order}
+    labels: dict[Any, str] = {}
     rounds = 1
     if runner is not None:
         slowest = 0.0
@@ -334,7 +344,8 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
             labels[key] = result.metrics.label
     if bar is not None:
         bar.update(len(decided))
-    return {key: (float(np.median(runs[key])), labels[key]) for key in order}
+    return {h: (float(np.median(runs[key])), labels[key])
+            for h, key in key_of.items()}
 
 
 def _table4(rows: list[Row], seed: int) -> list[dict[str, Any]]:

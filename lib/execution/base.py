@@ -117,6 +117,17 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def run_key(backend: Any, task: TaskSpec, decision: Decision) -> Any:
+    """What ``backend`` executes for ``decision``: two decisions with the same
+    key run the same work the same way there, so one's runs are the other's.
+    A backend says so with a ``run_key(task, decision)`` method (the cpu
+    backend: which device gets which rows, since its workers ignore the
+    mode, chunk, block and path); otherwise the decision's hash, which
+    covers every field."""
+    own = getattr(backend, "run_key", None)
+    return own(task, decision) if own is not None else decision.config_hash
+
+
 def repeat_timed(once: Callable[[], tuple[Any, dict[int, float], float]],
                  warmup: int, repeats: int
                  ) -> tuple[Any, dict[int, list[float]], list[float]]:

@@ -276,6 +276,14 @@ class CpuBackend:
 
     # -- running ------------------------------------------------------------
 
+    def run_key(self, task: TaskSpec, decision: Decision) -> tuple:
+        """Which device gets which rows: all a run here depends on (a worker
+        computes its rows in one go, whatever the decision's mode, chunk,
+        block and path)."""
+        bounds = split_rows(task.split_size, decision.shares)
+        return tuple((g, lo, hi) for g, (lo, hi) in zip(decision.gpus, bounds,
+                                                        strict=True) if hi > lo)
+
     def run(self, task: TaskSpec, decision: Decision, *,
             verify: bool = False) -> Result:
         """Run the decision on the workers; MEASURED times, medians of repeats."""
