@@ -63,7 +63,7 @@ from lib.costmodel.contention import (
     read_felt,
     similar_level,
 )
-from lib.costmodel.model import CostParams, compute_seconds, corun_factors
+from lib.costmodel.model import CostParams
 from lib.costmodel.parameters import CalibrationError
 from lib.costmodel.speed import (
     METHOD_SPEED,
@@ -73,6 +73,7 @@ from lib.costmodel.speed import (
     octave_of,
     read_speed,
     run_speeds,
+    shard_compute_seconds,
 )
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
@@ -334,12 +335,10 @@ class History:
         unit = "FLOP/s" if w.bound == "compute" else "B/s"
         done = []
         bounds = split_rows(task.split_size, decision.shares)
-        priced = machine is not None and params is not None
-        corun = corun_factors(machine, [g for g, (lo, hi) in zip(
-            decision.gpus, bounds, strict=True) if hi > lo], params) \
-            if priced else {}
-        model: dict[int, float] = {}        # free devices: Eq. (1)'s compute s
-        measured: dict[int, float] = {}     # and the seconds they took
+        # Eq. (1)'s compute seconds of each shard, and the seconds they took
+        model = shard_compute_seconds(task, decision, machine, params) \
+            if machine is not None and params is not None else {}
+        measured: dict[int, float] = {}
         everyone_free = True
         for dev, (lo, hi) in zip(decision.gpus, bounds, strict=True):
             seconds = metrics.per_device_seconds.get(dev)
@@ -357,10 +356,7 @@ class History:
                                      ).add(cpu, rho, contention_level(cap))
             work = w.work(task, hi - lo)
             everyone_free &= cap >= CONTENDED_CAPACITY
-            if priced:
-                model[int(dev)] = compute_seconds(task, work, machine, dev,
-                                                  params) * corun.get(dev, 1.0)
-                measured[int(dev)] = float(seconds)
+            measured[int(dev)] = float(seconds)
             amount = work.flops if w.bound == "compute" else work.mem_traffic
             if amount <= 0:
                 continue

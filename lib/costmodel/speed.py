@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.contract import TaskSpec, decision_from_weights
+from lib.contract import Decision, TaskSpec, decision_from_weights
 from lib.costmodel.model import CostParams, compute_seconds, corun_factors
 from lib.platform.machines import Machine
 from lib.platform.telemetry import MIN_CAPACITY, Snapshot
@@ -117,19 +117,28 @@ def device_speed(samples: Sequence[float]) -> float | None:
     return math.exp(float(np.median(samples)))
 
 
-def equal_shard_seconds(task: TaskSpec, machine: Machine, params: CostParams,
-                        devices: Sequence[int]) -> dict[int, float]:
-    """The compute seconds Eq. (1) predicts for each of ``devices``' shard in
-    an equal split of ``task`` over them, at full capacity: the length the
-    task's speeds are looked up at."""
-    dec = decision_from_weights(task, list(devices), [1.0] * len(devices))
+def shard_compute_seconds(task: TaskSpec, decision: Decision, machine: Machine,
+                          params: CostParams) -> dict[int, float]:
+    """The compute seconds Eq. (1) predicts for each device's shard of
+    ``decision`` at full capacity, co-running devices' slowdown included
+    (devices with no rows left out): the ``x`` of a speed sample."""
     w = workload(task)
-    bounds = split_rows(task.split_size, dec.shares)
-    active = [g for g, (lo, hi) in zip(dec.gpus, bounds, strict=True) if hi > lo]
+    bounds = split_rows(task.split_size, decision.shares)
+    active = [g for g, (lo, hi) in zip(decision.gpus, bounds, strict=True)
+              if hi > lo]
     corun = corun_factors(machine, active, params)
     return {g: compute_seconds(task, w.work(task, hi - lo), machine, g, params)
-            * corun[g] for g, (lo, hi) in zip(dec.gpus, bounds, strict=True)
+            * corun[g] for g, (lo, hi) in zip(decision.gpus, bounds, strict=True)
             if hi > lo}
+
+
+def equal_shard_seconds(task: TaskSpec, machine: Machine, params: CostParams,
+                        devices: Sequence[int]) -> dict[int, float]:
+    """:func:`shard_compute_seconds` of an equal split of ``task`` over
+    ``devices``: the length the task's speeds are looked up at."""
+    return shard_compute_seconds(
+        task, decision_from_weights(task, list(devices), [1.0] * len(devices)),
+        machine, params)
 
 
 def run_speeds(model: Mapping[int, float], measured: Mapping[int, float]
