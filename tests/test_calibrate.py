@@ -15,7 +15,14 @@ import pytest
 from lib.contract import TaskSpec, decision_from_weights
 from lib.costmodel import fit as fit_module
 from lib.costmodel.calibrate import calibrate, calibrate_machine, score_runs
-from lib.costmodel.fit import _FastModel, _get, _Slot, params_with, slots_for
+from lib.costmodel.fit import (
+    MIN_LOADED_RUNS,
+    _FastModel,
+    _get,
+    _Slot,
+    params_with,
+    slots_for,
+)
 from lib.costmodel.model import default_params, predict
 from lib.costmodel.parameters import (
     CalibrationError,
@@ -295,6 +302,24 @@ def test_the_contention_exponent_is_fitted_from_runs_under_load(machine):
     # it travels with the saved parameters
     again = params_from_json(params_to_json(report.params))
     assert again.contention == report.params.contention
+
+
+def test_one_disturbed_run_of_a_quiet_machine_does_not_fit_the_exponent(machine):
+    # a quiet characterisation where telemetry saw a process pass during one
+    # run, which it did not slow: that run cannot say how load slows a core
+    runs = synthetic_runs(machine, truth_params(), noise=0.005)
+    runs[1]["disturbance"] = {"capacity": {str(g): 0.5
+                                           for g in runs[1]["decision"]["gpus"]}}
+    assert _Slot("contention", "cpu") not in slots_for(machine,
+                                                       parse_runs(runs, machine))
+    report = calibrate(machine, runs, seed=0)
+    assert "contention[cpu]" not in report.fitted
+    assert report.params.contention.get("cpu", 1.0) == 1.0
+    # as many such runs as MIN_LOADED_RUNS do open it
+    for run in runs[1:1 + 2 * MIN_LOADED_RUNS:2]:
+        run["disturbance"] = {"capacity": {str(g): 0.5
+                                           for g in run["decision"]["gpus"]}}
+    assert _Slot("contention", "cpu") in slots_for(machine, parse_runs(runs, machine))
 
 
 def _under_load(machine, runs, truth):
