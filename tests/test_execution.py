@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
+import numpy as np
 import pytest
 
 from lib.contract import Decision, TaskSpec
@@ -15,6 +16,7 @@ from lib.execution import (
     ExecutionError,
     get_backend,
 )
+from lib.execution.cpu import HEAP_KEEP_MAX, heap_keep, reserve
 from lib.policies.baselines import EqualSplit
 
 SMALL = {
@@ -130,3 +132,36 @@ def test_cuda_backend_says_why(hetero4):
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         get_backend("tpu", None)
+
+
+def test_a_worker_keeps_its_heap_and_the_output_pages_are_allocated_first(tmp_path):
+    # a worker serves a large array from its heap, not from a fresh mapping
+    # (which it would fault in afresh on every run)
+    import subprocess
+    import sys
+    probe = (
+        "import ctypes, sys, numpy as np\n"
+        "from lib.execution.cpu import keep_heap\n"
+        "sbrk = ctypes.CDLL(None).sbrk\n"
+        "sbrk.restype, sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]\n"
+        "ok = keep_heap(1 << 28) if sys.argv[1] == 'keep' else True\n"
+        "before = sbrk(0)\n"
+        "a = np.ones(1 << 23)\n"  # 64 MiB: from the heap, or a mapping of its own
+        "print(ok, sbrk(0) - before >= a.nbytes // 2)\n")
+    runs = {how: subprocess.run([sys.executable, "-c", probe, how], capture_output=True,
+                                text=True, check=True).stdout.split()
+            for how in ("keep", "plain")}
+    if runs["keep"][0] != "True":
+        pytest.skip("this C library has no mallopt")
+    assert runs["keep"][1] == "True" and runs["plain"][1] == "False"
+    # each worker may keep at most HEAP_KEEP_MAX, and all together a quarter
+    # of the machine's memory
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert heap_keep(1) <= HEAP_KEEP_MAX
+    assert heap_keep(4096) * 4096 <= memory // 4 + 4096
+    # the output buffer's pages exist before a worker writes to it
+    path = tmp_path / "out.bin"
+    np.memmap(path, dtype=np.float32, mode="w+", shape=(1 << 20,)).flush()
+    assert os.stat(path).st_blocks * 512 < (1 << 22)
+    reserve(str(path))
+    assert os.stat(path).st_blocks * 512 >= (1 << 22)

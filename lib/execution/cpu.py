@@ -7,6 +7,19 @@ NumPy (the same :meth:`lib.platform.workloads.Workload.compute` the reference us
 writes its rows, or its partial sum, straight into a shared output buffer.
 Arrays never travel as pickles; the messages carry paths, shapes and row ranges.
 
+Memory is held as a device runtime holds it. A worker's allocator keeps what
+its shards' temporaries freed (:func:`keep_heap`: large arrays come from the
+heap, not a fresh mapping each, and up to :func:`heap_keep` bytes are not
+given back), as CuPy's memory pool keeps device memory between kernels; and
+the parent allocates the output buffer's pages before the timed region
+(:func:`reserve`), as a GPU runtime allocates device buffers before it
+launches. Without them, a shard's time said more about glibc than about the
+device: temporaries over glibc's moving mmap threshold were mapped and
+faulted in afresh on every run (a histogram shard of 0.7 of 674,166 elements
+took ten times one of 0.5 of them, and which side of the threshold a shard
+fell depended on the jobs before it), and the first touch of every output
+page was paid inside the timed run.
+
 Times are wall-clock measurements (MEASURED):
 
 - per device: from the worker receiving its job to its result written;
@@ -24,6 +37,7 @@ no longer exist (:func:`reclaim_orphans`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -58,6 +72,52 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
 _ENV_LOCK = threading.Lock()
 
 
+#: glibc's mallopt parameters (``malloc.h``).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+#: The most freed memory a worker keeps, bytes (also at most a quarter of the
+#: machine's memory shared among its workers: :func:`heap_keep`).
+HEAP_KEEP_MAX = 1 << 30
+
+
+def heap_keep(workers: int) -> int:
+    """Bytes of freed memory each of ``workers`` workers may keep: at most
+    :data:`HEAP_KEEP_MAX`, and together at most a quarter of physical memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return HEAP_KEEP_MAX
+    return int(min(HEAP_KEEP_MAX, memory // (4 * max(1, workers))))
+
+
+def keep_heap(keep: int) -> bool:
+    """Have this process's allocator serve every array from its heap (no
+    fresh mapping per large array) and keep up to ``keep`` freed bytes instead
+    of trimming them; False where the C library has no ``mallopt`` (not
+    glibc), which leaves the allocator as it was."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_MAX, 0)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, min(int(keep), 2**31 - 1)))
+
+
+def reserve(path: str) -> None:
+    """Allocate the pages of the file at ``path`` now (``posix_fallocate``),
+    so that a worker's first write to them maps a page rather than allocating
+    one; nothing where the platform or file system cannot."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _open(desc: tuple[str, str, tuple[int, ...]], mode: str) -> np.ndarray:
     path, dtype, shape = desc
     if int(np.prod(shape)) == 0:
@@ -80,8 +140,11 @@ def _watch_parent(parent: int) -> None:
 
 
 def _worker_main(conn: connection.Connection, core: int | None,
-                 parent: int | None = None) -> None:
-    """Worker loop: receive a job, compute the shard, write it, report times."""
+                 parent: int | None = None, keep: int = 0) -> None:
+    """Worker loop: receive a job, compute the shard, write it, report times
+    (the allocator keeps ``keep`` freed bytes: :func:`keep_heap`)."""
+    if keep:
+        keep_heap(keep)
     if parent is not None:
         if os.getppid() != parent:  # the parent died before we got here
             os._exit(1)
@@ -228,7 +291,8 @@ class CpuBackend:
                 for core in self._cores():
                     parent, child = ctx.Pipe()
                     proc = ctx.Process(target=_worker_main,
-                                       args=(child, core, os.getpid()),
+                                       args=(child, core, os.getpid(),
+                                             heap_keep(self.machine.n)),
                                        daemon=True, name=f"gpuhive-cpu-{core}")
                     proc.start()
                     child.close()
@@ -303,6 +367,7 @@ class CpuBackend:
                 shape = (len(decision.gpus), *w.output_shape(task, 1))
             out_desc = (str(Path(root) / "out.bin"), w.output_dtype(task).str, shape)
             out = np.memmap(out_desc[0], dtype=out_desc[1], mode="w+", shape=shape)
+            reserve(out_desc[0])
 
             cpu_runs: list[dict[int, float]] = []
 
