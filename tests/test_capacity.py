@@ -200,23 +200,38 @@ def test_weighted_share_is_fair_share_with_equal_weights():
             == pytest.approx(fair_share(demands))
 
 
-def test_unreadable_autogroups_share_thread_by_thread(monkeypatch):
+def test_a_contender_whose_group_is_unreadable_is_a_group_of_its_own(monkeypatch):
     from lib.platform import telemetry
 
     gone = 2 ** 22 + 12345          # above the kernel's pid_max: never a process
-    # pid 1 (always there) shows no autogroup, as in a container that hides it;
-    # ours and every other shows one
-    monkeypatch.setattr(telemetry, "autogroup_of",
-                        lambda pid: None if pid in (1, gone) else ("/autogroup-7", 1.0))
-    # a live contender whose group cannot be read is not guessed into a group
-    # of its own: the share falls back to threads, one spinning thread on
-    # core 0 leaving us a half
-    assert session_groups([1]) is None
+    # pid 1 (always there) shows no autogroup, as a process of another PID
+    # namespace does; ours and every other shows one
+    monkeypatch.setattr(telemetry, "autogroup_of", lambda pid: None if pid in (1, gone)
+                        else ("/autogroup-7" if pid == os.getpid()
+                              else f"/autogroup-{pid}", 1.0))
+    groups = session_groups([1])
+    assert groups is not None and groups[1][0] != "/autogroup-7"
+    # so one of its threads spinning on core 0 takes from us there what any
+    # other session's spinner takes (our weight is spread over two cores),
+    # and what it does on another core never turns the sharing thread by thread
     assert capacity_of({0: {101: 1.0}}, {101: 1}, [0, 1], grouped=True) \
-        == pytest.approx((0.5, 1.0))
+        == pytest.approx((1 / 3, 1.0))
+    assert capacity_of({0: {101: 1.0}, 1: {102: 0.2}}, {101: 8, 102: 1}, [0, 1],
+                       grouped=True)[0] == pytest.approx(1 / 3)
     assert capacity_of({0: {101: 1.0}}, {101: 1}, [0, 1], grouped=False) \
         == pytest.approx((0.5, 1.0))
     # a contender that has ended since the look contends no more
     assert session_groups([gone]) == {os.getpid(): ("/autogroup-7", 1.0)}
     assert capacity_of({0: {101: 1.0}}, {101: gone}, [0, 1], grouped=True) \
         == pytest.approx((1.0, 1.0))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/2/stat"), reason="no /proc (not Linux)")
+def test_a_kernel_thread_is_a_group_of_its_own():
+    from lib.platform.telemetry import kernel_thread_group
+
+    # pid 2 is kthreadd on Linux, a kernel thread; we are not one
+    name, weight = kernel_thread_group(2)
+    assert name.startswith("kernel-thread-") and weight > 0
+    assert kernel_thread_group(os.getpid()) is None
+    assert kernel_thread_group(2 ** 22 + 12345) is None
