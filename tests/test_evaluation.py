@@ -7,6 +7,7 @@ import json
 import math
 import statistics
 
+import numpy as np
 import pytest
 
 from lib.contract import KINDS
@@ -71,6 +72,25 @@ def test_table4_and_labels(smoke_report):
     assert oracle["ratio_to_optimum"] == pytest.approx(1.0, rel=1e-9)
     assert oracle["speedup"] >= max(t["speedup"] for t in r.table4) - 1e-9
     assert all(row.label == "PREDICTED (model)" for row in r.rows if row.accepted)
+
+
+def test_the_best_of_the_policies_per_task_bounds_every_policy(smoke_report):
+    r = smoke_report
+    best = r.best_per_state()
+    per_state = r.per_state()
+    assert set(best) == {row.state for row in r.rows}
+    for state, value in best.items():
+        # each task's best is at least every policy's figure on it, so its
+        # geometric mean is at least every policy's, equal split's 1 included
+        assert value >= max(by[state] for by in per_state.values()) - 1e-12
+        assert value >= 1.0 - 1e-12
+    # and it is the task-by-task maximum, not the best policy's mean
+    state = next(iter(best))
+    tasks = {row.task.describe() for row in r.rows if row.state == state}
+    top = [max(row.speedup for row in r.rows
+               if row.state == state and row.task.describe() == t) for t in tasks]
+    assert best[state] == pytest.approx(float(np.exp(np.mean(np.log(top)))))
+    assert r.to_json()["best_per_state"] == pytest.approx(best)
 
 
 def test_targets_are_one_line_each(smoke_report):
