@@ -45,8 +45,6 @@ PRIOR_WEIGHT = 1e-3
 #: linearly, not quadratically. k = 1.345 robust standard deviations.
 IRLS_ROUNDS = 3
 HUBER_K = 1.345
-#: Box on the fitted values (efficiencies are relative to profile peaks, which
-#: for CPU cores are estimates, so values above 1 are possible and honest).
 #: Runs under load on a device kind (a recorded capacity below 1 on a device
 #: of it) the fit needs before it fits how load slows that kind
 #: (``contention``, ``sched_wait``). A quiet characterisation has the odd run
@@ -55,6 +53,8 @@ HUBER_K = 1.345
 #: came out at 0.6 of the measured time.
 MIN_LOADED_RUNS = 8
 
+#: Box on the fitted values (efficiencies are relative to profile peaks, which
+#: for CPU cores are estimates, so values above 1 are possible and honest).
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),

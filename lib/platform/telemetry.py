@@ -267,10 +267,10 @@ def session_groups(pids: Iterable[int]) -> dict[int, tuple[str, float]] | None:
     A live contender whose group cannot be read is a group of its own: a
     kernel thread is one (:func:`kernel_thread_group`), and so, in all
     likelihood, is a process another PID namespace hides from us (nice 0
-    assumed). Sharing thread by thread instead, as this did before, made our
-    capacity on a core beside one spinning process jump from 1/3 to 1/2
-    whenever a ``kworker`` on the *other* core was runnable in one of five
-    looks (a third of the snapshots on local-cpu).
+    assumed). Sharing thread by thread instead would make our capacity on a
+    core beside one spinning process jump from 1/3 to 1/2 whenever a
+    ``kworker`` on the *other* core is runnable in one of five looks (a third
+    of the snapshots on local-cpu).
     """
     out: dict[int, tuple[str, float]] = {}
     for pid in {*pids, os.getpid()}:
