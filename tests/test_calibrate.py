@@ -281,6 +281,18 @@ def test_a_saved_calibration_is_scored_on_runs_taken_under_load(machine, tmp_pat
                        env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
     assert p.returncode == 0, p.stderr
     assert f"({len(loaded) // 2} loaded)" in p.stdout and "median APE" in p.stdout
+    assert "--characterisation" not in p.stdout   # within the goal: no advice
+    # runs that felt load as capacity ** 2.5, which a quiet fit cannot know:
+    # the command says how to fit them in
+    slower = params_with(truth_params(), [_Slot("contention", "cpu")], [2.5])
+    hard = tmp_path / "hard.json"
+    hard.write_text(json.dumps({"machine": "local-cpu", "runs": _under_load(
+        machine, synthetic_runs(machine, slower, seed=9), slower)}))
+    p = subprocess.run([sys.executable, "-m", "lib.cli", "calibrate", "--score",
+                        str(hard)], capture_output=True, text=True,
+                       env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    assert f"--characterisation {hard}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "lib.cli", "calibrate", "--machine",
                         "hetero-4", "--score", str(path)], capture_output=True,
                        text=True, env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})

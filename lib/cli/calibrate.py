@@ -76,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace) -> int:
     """``--score FILE``: the saved calibration's error on FILE's runs."""
-    from lib.costmodel.calibrate import CalibrationError, score_runs
+    from lib.costmodel.calibrate import (
+        LOADED_APE_GOAL_PCT,
+        CalibrationError,
+        score_runs,
+    )
     from lib.costmodel.parameters import load_params
+    from lib.storage import characterisation_path
 
     obj = read_json(args.score, "characterisation")
     if not isinstance(obj, dict) or not isinstance(obj.get("runs"), list):
@@ -100,5 +105,15 @@ def _score(args: argparse.Namespace) -> int:
             f"Spearman {out['spearman']:.3f}"
             + (f"; loaded runs median APE {loaded:.1f} %" if loaded is not None
                else ""))
+    if loaded is not None and loaded > LOADED_APE_GOAL_PCT \
+            and not any(name.startswith("contention[") for name in params.fitted):
+        # a fit of quiet runs cannot know how much more than its share a
+        # busy device costs a shard; these runs can tell it
+        quiet = characterisation_path(args.machine)
+        text += (f"\nabove the {LOADED_APE_GOAL_PCT:.0f} % goal, and the saved fit "
+                 "saw no run under load: fit these runs in as well with gpuhive "
+                 f"calibrate --machine {args.machine} --characterisation "
+                 f"{quiet if quiet.is_file() else '<the quiet runs>'} "
+                 f"--characterisation {args.score}")
     emit(args, out, text)
     return 0
