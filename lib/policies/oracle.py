@@ -92,10 +92,15 @@ POLISH_CANDIDATES = 3
 #: Ratio between neighbouring chunk sizes of that grid, and steps either side.
 POLISH_RATIO = 1.05
 POLISH_STEPS = 10
-#: Best pipelined candidates refined by a local search over whole rows, and
-#: the most moves it makes.
+#: Best pipelined candidates refined by a local search over whole rows (and
+#: the best split one over several devices), and the most moves it makes.
 REFINE_CANDIDATES = 2
 REFINE_STEPS = 24
+#: Chunk counts either side of a device's own that the local search tries
+#: (the chunk sizes ``ceil(rows / m)`` where its count changes).
+CHUNK_NEAR = 4
+#: Rounds of that joint step at most (each from the best the last one found).
+REFINE_ROUNDS = 4
 #: Candidates priced with :func:`predict` and Gate 1 at the end.
 FINAL_CANDIDATES = 6
 
@@ -614,14 +619,19 @@ class _Search:
     def refine(self, entry: tuple[float, tuple[int, ...], np.ndarray, str, bool,
                                   int]) -> tuple[float, tuple[int, ...],
                                                  np.ndarray, str, bool, int]:
-        """A local search over whole rows from one priced pipelined entry.
+        """A local search over whole rows and the chunk size from one priced
+        entry (a split one: over its rows only).
 
         Chunk counts are whole (``ceil(r / C)``), so a device's time jumps as
-        its rows cross a multiple of the chunk size and the smooth search can
-        stop a little short. Each step moves rows from the device that
-        finishes last to another one (powers of two, and the rows past its
-        last chunk boundary), priced exactly, and keeps the best move;
-        :data:`REFINE_STEPS` steps at most. Returns the entry improved (or
+        its rows cross a multiple of the chunk size, or the chunk size crosses
+        a divisor of its rows, and the smooth search can stop a little short.
+        The rows are first moved under the entry's chunk size
+        (:meth:`_move_rows`); then every chunk size near it where some
+        device's chunk count changes (``ceil(r_i / m)``, m within
+        :data:`CHUNK_NEAR` of its count) is priced at once with those rows
+        and with each move of a power of two of rows between two devices;
+        the best pair moves its rows again, and the step repeats from there
+        (:data:`REFINE_ROUNDS` at most). Returns the entry improved (or
         unchanged)."""
         total, gpus, rows, path, pipe, chunk = entry
         pos = np.flatnonzero(np.isin(self.usable, gpus))
@@ -629,6 +639,44 @@ class _Search:
         full[pos] = rows
         copy_out = path == "host" or len(gpus) < 2
         merge = self.set_cost(list(gpus), path) if self.per_set else 0.0
+        best, full = self._move_rows(full, chunk, pos, pipe, copy_out)
+        for _ in range(REFINE_ROUNDS if pipe else 0):
+            sizes = sorted({int(math.ceil(full[j] / m)) for j in pos if full[j] > 0
+                            for m in range(max(1, math.ceil(full[j] / chunk)
+                                               - CHUNK_NEAR),
+                                           math.ceil(full[j] / chunk)
+                                           + CHUNK_NEAR + 1)})
+            cands = [full]
+            for i in pos:
+                for j in pos:
+                    if i == j:
+                        continue
+                    for e in range(int(math.log2(max(full[i], 1.0))) + 1):
+                        moved = full.copy()
+                        moved[i] -= 2.0 ** e
+                        moved[j] += 2.0 ** e
+                        if moved[i] >= 1 and moved[j] <= self.rmax[j]:
+                            cands.append(moved)
+            grid = np.array(cands)
+            size = np.array(sizes, dtype=np.float64)
+            times = self.dev.times(np.broadcast_to(grid, (len(size), *grid.shape)),
+                                   np.broadcast_to(size[:, None], (len(size),
+                                                                   len(grid))),
+                                   pipe, copy_out).max(axis=-1)
+            a, b = np.unravel_index(int(np.argmin(times)), times.shape)
+            if times[a, b] >= best * (1.0 - 1e-12):
+                break
+            chunk = sizes[a]
+            best, full = self._move_rows(grid[b], chunk, pos, pipe, copy_out)
+        return (best + merge, gpus, full[pos], path, pipe, chunk)
+
+    def _move_rows(self, full: np.ndarray, chunk: float, pos: np.ndarray,
+                   pipe: bool, copy_out: bool) -> tuple[float, np.ndarray]:
+        """Greedy moves of whole rows under one chunk size: each step moves
+        rows from the device that finishes last to another one (powers of
+        two, and the rows past its last chunk boundary), priced exactly, and
+        keeps the best move; :data:`REFINE_STEPS` steps at most. Returns the
+        finish time and the rows."""
         best = float(self.dev.times(full, chunk, pipe, copy_out).max())
         for _ in range(REFINE_STEPS):
             t = self.dev.times(full, chunk, pipe, copy_out)
@@ -654,7 +702,7 @@ class _Search:
             if times[pick] >= best * (1.0 - 1e-12):
                 break
             best, full = float(times[pick]), moves[pick]
-        return (best + merge, gpus, full[pos], path, pipe, chunk)
+        return best, full
 
     def decision(self, priced: tuple[float, tuple[int, ...], np.ndarray, str,
                                      bool, int]) -> Decision:
@@ -710,7 +758,8 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
     search.candidates = []
     search.polish(priced)
     priced = sorted(priced + search.priced(), key=lambda x: x[0])
-    pipes = [p for p in priced if p[4]][:REFINE_CANDIDATES]
+    pipes = [p for p in priced if p[4]][:REFINE_CANDIDATES] \
+        + [p for p in priced if not p[4] and len(p[1]) > 1][:1]
     refined = [search.refine(p) for p in pipes]
     priced = sorted(priced + refined, key=lambda x: x[0])
     finals = [search.decision(p) for p in priced[:FINAL_CANDIDATES]]
