@@ -99,8 +99,10 @@ REFINE_STEPS = 24
 #: Chunk counts either side of a device's own that the local search tries
 #: (the chunk sizes ``ceil(rows / m)`` where its count changes).
 CHUNK_NEAR = 4
-#: Rounds of that joint step at most (each from the best the last one found).
-REFINE_ROUNDS = 4
+#: Rounds of that joint step at most (each from the best the last one found),
+#: and the most (rows, chunk size) pairs one round prices.
+REFINE_ROUNDS = 2
+REFINE_GRID = 1024
 #: Candidates priced with :func:`predict` and Gate 1 at the end.
 FINAL_CANDIDATES = 6
 
@@ -628,8 +630,10 @@ class _Search:
         The rows are first moved under the entry's chunk size
         (:meth:`_move_rows`); then every chunk size near it where some
         device's chunk count changes (``ceil(r_i / m)``, m within
-        :data:`CHUNK_NEAR` of its count) is priced at once with those rows
-        and with each move of a power of two of rows between two devices;
+        :data:`CHUNK_NEAR` of its count; the nearest of them where there are
+        more than :data:`REFINE_GRID` pairs) is priced at once with those
+        rows and with each move of a power of two of rows from the device
+        that finishes last, or to the one that finishes first;
         the best pair moves its rows again, and the step repeats from there
         (:data:`REFINE_ROUNDS` at most). Returns the entry improved (or
         unchanged)."""
@@ -646,18 +650,25 @@ class _Search:
                                                - CHUNK_NEAR),
                                            math.ceil(full[j] / chunk)
                                            + CHUNK_NEAR + 1)})
+            t = self.dev.times(full, chunk, pipe, copy_out)
+            busy = [int(j) for j in pos if full[j] > 0]
+            last = max(busy, key=lambda j: t[j])
+            first = min(busy, key=lambda j: t[j])
+            pairs = {(last, int(j)) for j in pos if j != last} \
+                | {(int(i), first) for i in busy if i != first}
             cands = [full]
-            for i in pos:
-                for j in pos:
-                    if i == j:
-                        continue
-                    for e in range(int(math.log2(max(full[i], 1.0))) + 1):
-                        moved = full.copy()
-                        moved[i] -= 2.0 ** e
-                        moved[j] += 2.0 ** e
-                        if moved[i] >= 1 and moved[j] <= self.rmax[j]:
-                            cands.append(moved)
+            for i, j in sorted(pairs):
+                for e in range(int(math.log2(max(full[i], 1.0))) + 1):
+                    moved = full.copy()
+                    moved[i] -= 2.0 ** e
+                    moved[j] += 2.0 ** e
+                    if moved[i] >= 1 and moved[j] <= self.rmax[j]:
+                        cands.append(moved)
             grid = np.array(cands)
+            keep = max(1, REFINE_GRID // len(grid))
+            if len(sizes) > keep:  # the sizes nearest the chunk size now
+                sizes = sorted(sorted(sizes, key=lambda c: abs(math.log(c / chunk)))
+                               [:keep])
             size = np.array(sizes, dtype=np.float64)
             times = self.dev.times(np.broadcast_to(grid, (len(size), *grid.shape)),
                                    np.broadcast_to(size[:, None], (len(size),
