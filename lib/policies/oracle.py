@@ -30,9 +30,10 @@ Every candidate is rounded to whole rows (largest remainder, as the shards are
 cut) and priced exactly by the same per-device formulas as
 :func:`~lib.costmodel.model.predict`, vectorised. Around the best pipelined
 candidates the chunk size is then searched on a fine grid (:meth:`polish`), and
-the best two are refined by a local search over whole rows (:meth:`refine`:
-chunk counts are whole, so a device's time jumps where its rows cross a
-multiple of the chunk size). The best few are priced with :func:`predict`
+the best two, with the best split over several devices, are refined by a
+local search over whole rows and the chunk size (:meth:`refine`: chunk counts
+are whole, so a device's time jumps where its rows cross a multiple of the
+chunk size, or the chunk size a divisor of its rows). The best few are priced with :func:`predict`
 itself and passed through Gate 1, with the two static baselines (equal split
 and proportional to peak over all usable devices). Block size does not enter
 the model; the optimum keeps the default block. All decisions list their
