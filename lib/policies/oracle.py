@@ -30,19 +30,16 @@ Every candidate is rounded to whole rows (largest remainder, as the shards are
 cut) and priced exactly by the same per-device formulas as
 :func:`~lib.costmodel.model.predict`, vectorised. Around the best pipelined
 candidates the chunk size is then searched on a fine grid (:meth:`polish`), and
-the best two, with the best split over several devices, are refined by a local
-search over whole rows and the chunk size (:meth:`refine`: chunk counts are
-whole, so a device's time jumps where its rows cross a multiple of the chunk
-size, or the chunk size a divisor of its rows). The best few are priced with
-:func:`predict` itself and passed through Gate 1, with the two static baselines
-(equal split and proportional to peak over all usable devices). Block size does
-not enter the model; the optimum keeps the default block. All decisions list
-their devices in index order, as every policy's do. No decision of any policy
-(the baselines, perturbations of the optimum's own, the learned policy) beats
-it by more than rounding (``tests/test_optimum.py`` holds it to 0.5 %), with
-rare exceptions: a stencil's halo makes its time non-monotone in rows, and on
-3,000 generated machines and tasks a perturbation beat the optimum by more
-than that twice.
+the best two, and the best split over several devices, are refined by a local
+search over whole rows (:meth:`refine`: chunk counts are whole, so a device's
+time jumps where its rows cross a multiple of the chunk size). The best few are
+priced with :func:`predict` itself and passed through Gate 1, with the two
+static baselines (equal split and proportional to peak over all usable
+devices). Block size does not enter the model; the optimum keeps the default
+block. All decisions list their devices in index order, as every policy's do.
+No decision of any policy (the baselines, perturbations of the optimum's own,
+the learned policy) beats it by more than rounding (``tests/test_optimum.py``
+holds it to 0.5 %).
 
 Why one module: the subsets, the equalisations, the pipelined search, the
 refinement and the exact vectorised pricing all work on one representation of
@@ -100,13 +97,6 @@ POLISH_STEPS = 10
 #: the best split one over several devices), and the most moves it makes.
 REFINE_CANDIDATES = 2
 REFINE_STEPS = 24
-#: Chunk counts either side of a device's own that the local search tries
-#: (the chunk sizes ``ceil(rows / m)`` where its count changes).
-CHUNK_NEAR = 4
-#: Rounds of that joint step at most (each from the best the last one found),
-#: and the most (rows, chunk size) pairs one round prices.
-REFINE_ROUNDS = 2
-REFINE_GRID = 1024
 #: Candidates priced with :func:`predict` and Gate 1 at the end.
 FINAL_CANDIDATES = 6
 
@@ -625,21 +615,16 @@ class _Search:
     def refine(self, entry: tuple[float, tuple[int, ...], np.ndarray, str, bool,
                                   int]) -> tuple[float, tuple[int, ...],
                                                  np.ndarray, str, bool, int]:
-        """A local search over whole rows and the chunk size from one priced
-        entry (a split one: over its rows only).
+        """A local search over whole rows from one priced entry (pipelined,
+        or split over several devices).
 
         Chunk counts are whole (``ceil(r / C)``), so a device's time jumps as
-        its rows cross a multiple of the chunk size, or the chunk size crosses
-        a divisor of its rows, and the smooth search can stop a little short.
-        The rows are first moved under the entry's chunk size
-        (:meth:`_move_rows`); then every chunk size near it where some
-        device's chunk count changes (``ceil(r_i / m)``, m within
-        :data:`CHUNK_NEAR` of its count; the nearest of them where there are
-        more than :data:`REFINE_GRID` pairs) is priced at once with those
-        rows and with each move of a power of two of rows from the device
-        that finishes last, or to the one that finishes first;
-        the best pair moves its rows again, and the step repeats from there
-        (:data:`REFINE_ROUNDS` at most). Returns the entry improved (or
+        its rows cross a multiple of the chunk size, and a stencil's halo
+        makes a shard's time uneven in its rows: the smooth search can stop a
+        little short. Each step moves rows from the device that
+        finishes last to another one (powers of two, and the rows past its
+        last chunk boundary), priced exactly, and keeps the best move;
+        :data:`REFINE_STEPS` steps at most. Returns the entry improved (or
         unchanged)."""
         total, gpus, rows, path, pipe, chunk = entry
         pos = np.flatnonzero(np.isin(self.usable, gpus))
@@ -647,51 +632,6 @@ class _Search:
         full[pos] = rows
         copy_out = path == "host" or len(gpus) < 2
         merge = self.set_cost(list(gpus), path) if self.per_set else 0.0
-        best, full = self._move_rows(full, chunk, pos, pipe, copy_out)
-        for _ in range(REFINE_ROUNDS if pipe else 0):
-            sizes = sorted({int(math.ceil(full[j] / m)) for j in pos if full[j] > 0
-                            for m in range(max(1, math.ceil(full[j] / chunk)
-                                               - CHUNK_NEAR),
-                                           math.ceil(full[j] / chunk)
-                                           + CHUNK_NEAR + 1)})
-            t = self.dev.times(full, chunk, pipe, copy_out)
-            busy = [int(j) for j in pos if full[j] > 0]
-            last = max(busy, key=lambda j: t[j])
-            first = min(busy, key=lambda j: t[j])
-            pairs = {(last, int(j)) for j in pos if j != last} \
-                | {(int(i), first) for i in busy if i != first}
-            cands = [full]
-            for i, j in sorted(pairs):
-                for e in range(int(math.log2(max(full[i], 1.0))) + 1):
-                    moved = full.copy()
-                    moved[i] -= 2.0 ** e
-                    moved[j] += 2.0 ** e
-                    if moved[i] >= 1 and moved[j] <= self.rmax[j]:
-                        cands.append(moved)
-            grid = np.array(cands)
-            keep = max(1, REFINE_GRID // len(grid))
-            if len(sizes) > keep:  # the sizes nearest the chunk size now
-                sizes = sorted(sorted(sizes, key=lambda c: abs(math.log(c / chunk)))
-                               [:keep])
-            size = np.array(sizes, dtype=np.float64)
-            times = self.dev.times(np.broadcast_to(grid, (len(size), *grid.shape)),
-                                   np.broadcast_to(size[:, None], (len(size),
-                                                                   len(grid))),
-                                   pipe, copy_out).max(axis=-1)
-            a, b = np.unravel_index(int(np.argmin(times)), times.shape)
-            if times[a, b] >= best * (1.0 - 1e-12):
-                break
-            chunk = sizes[a]
-            best, full = self._move_rows(grid[b], chunk, pos, pipe, copy_out)
-        return (best + merge, gpus, full[pos], path, pipe, chunk)
-
-    def _move_rows(self, full: np.ndarray, chunk: float, pos: np.ndarray,
-                   pipe: bool, copy_out: bool) -> tuple[float, np.ndarray]:
-        """Greedy moves of whole rows under one chunk size: each step moves
-        rows from the device that finishes last to another one (powers of
-        two, and the rows past its last chunk boundary), priced exactly, and
-        keeps the best move; :data:`REFINE_STEPS` steps at most. Returns the
-        finish time and the rows."""
         best = float(self.dev.times(full, chunk, pipe, copy_out).max())
         for _ in range(REFINE_STEPS):
             t = self.dev.times(full, chunk, pipe, copy_out)
@@ -717,7 +657,7 @@ class _Search:
             if times[pick] >= best * (1.0 - 1e-12):
                 break
             best, full = float(times[pick]), moves[pick]
-        return best, full
+        return (best + merge, gpus, full[pos], path, pipe, chunk)
 
     def decision(self, priced: tuple[float, tuple[int, ...], np.ndarray, str,
                                      bool, int]) -> Decision:
