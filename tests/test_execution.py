@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -137,8 +139,6 @@ def test_unknown_backend():
 def test_a_worker_keeps_its_heap_and_the_output_pages_are_allocated_first(tmp_path):
     # a worker serves a large array from its heap, not from a fresh mapping
     # (which it would fault in afresh on every run)
-    import subprocess
-    import sys
     probe = (
         "import ctypes, sys, numpy as np\n"
         "from lib.execution.cpu import keep_heap\n"
