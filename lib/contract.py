@@ -128,6 +128,12 @@ DECISION_FIELDS = (
 )
 
 
+class NoFeasibleDecision(ValueError):
+    """No decision can run the task on the machine: no set of its usable
+    devices holds the task's data (the message names the task and the
+    machine)."""
+
+
 class ContractError(ValueError):
     """A task or decision that breaks the contract's form.
 

@@ -27,6 +27,8 @@ DECISION = {"gpus": [0], "shares": [1.0], "chunk": 100, "block": 256,
 RUN = ["run", "--kind", "reduce", "--dim", "N=100"]
 EXPLAIN = ["explain", "--kind", "reduce", "--dim", "N=100"]
 CODEGEN = ["codegen", "--kind", "elementwise", "--dim", "N=1000"]
+HUGE = ["explain", "--kind", "matmul", "--dim", "M=1000", "--dim", "N=200000",
+        "--dim", "K=200000"]
 RECORDED = [*CODEGEN, "--provider", "recorded"]
 
 #: case -> (arguments, environment, what the one line must say). In the
@@ -139,6 +141,29 @@ CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
         "holds no answer for reduce fp32; its answers: good (elementwise fp32)"),
     "answer id without recorded": ([*CODEGEN, "--answer-id", "good"], {},
                                    "--answers and --answer-id need --provider"),
+    # a task no device can hold a row of, whichever policy decides
+    "task too big for the learned policy": (
+        [*HUGE], {}, "no feasible decision for matmul[M=1000,N=200000,K=200000]"
+                     " fp32 on hetero-4: no healthy device can hold even one row"),
+    "task too big for the optimum": (
+        [*HUGE, "--policy", "oracle"], {},
+        "no subset of devices can hold it"),
+    "task too big for equal split": (
+        [*HUGE, "--policy", "equal"], {}, "[feasibility.memory]"),
+    # machine profiles of one's own
+    "profile nan scale": ([*EXPLAIN, "--machine", "{d}/nan.json"], {},
+                          "profile {d}/nan.json: profile nan device 0 scale: "
+                          "expected a finite positive number, got nan"),
+    "profile no devices": ([*EXPLAIN, "--machine", "{d}/empty.json"], {},
+                           "profile {d}/empty.json: profile empty: no devices"),
+    "profile shipped name": ([*EXPLAIN, "--machine", "{d}/shadow.json"], {},
+                             "name 'hetero-4' is a shipped profile's"),
+    "profile unknown field": ([*EXPLAIN, "--machine", "{d}/typo.json"], {},
+                              "unknown field 'mem_bytes'"),
+    "profile decision over a link without p2p": (
+        ["run", "--task", "{d}/task.json", "--decision", "{d}/p2p.json",
+         "--rehash", "--machine", "{d}/nop2p.json"], {},
+        "the pcie3 link does not copy peer to peer between devices 0 and 1"),
 }
 
 # The driver: every case through lib.cli.main in this one process, stdout
@@ -195,6 +220,18 @@ def build_inputs(d: Path) -> None:
     (d / "garbage.npz").write_bytes(b"not a zip archive")
     np.savez(d / "arrays.npz", w=np.zeros(3))
     (d / "bad.json").write_text('{"answers": [')
+    t4 = {"catalog": "T4"}
+    for name, profile in {
+            "nan": {"devices": [{"catalog": "T4", "scale": float("nan")}]},
+            "empty": {"devices": []},
+            "shadow": {"name": "hetero-4", "devices": [t4]},
+            "typo": {"devices": [{"catalog": "T4", "mem_bytes": 1e6}]},
+            "nop2p": {"devices": [t4, t4], "peers": [
+                {"a": 0, "b": 1, "kind": "pcie3", "p2p": False}]}}.items():
+        (d / f"{name}.json").write_text(json.dumps(profile))
+    (d / "p2p.json").write_text(json.dumps({
+        "gpus": [0, 1], "shares": [0.5, 0.5], "chunk": 100, "block": 256,
+        "mode": "split", "comm_path": "p2p", "config_hash": "0" * 64}))
     write_answers(d / "answers.json")
 
 

@@ -83,9 +83,65 @@ def test_nvml_without_driver_says_why():
 def test_malformed_profile_is_named():
     with pytest.raises(MachineError, match="profile broken"):
         machine_from_json({"name": "broken", "devices": [{"model": "x"}]})
-    with pytest.raises(MachineError, match="peer link 0-5"):
+    with pytest.raises(MachineError, match="peer 0-5: names a device"):
         machine_from_json({"name": "p", "devices": [{"catalog": "T4"}],
                            "peers": [{"a": 0, "b": 5, "kind": "nvlink"}]})
+
+
+T4 = {"catalog": "T4"}
+LINK = {"a": 0, "b": 1, "kind": "pcie3"}
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"devices": [{"catalog": "T4", "scale": float("nan")}, T4]},
+     "device 0 scale: expected a finite positive number, got nan"),
+    ({"devices": [{"catalog": "T4", "scale": -1}, T4]}, "device 0 scale"),
+    ({"devices": [{"catalog": "T4", "scale": 0}, T4]}, "device 0 scale"),
+    ({"devices": [{"catalog": "T4", "scale": "0.5"}, T4]}, "device 0 scale"),
+    ({"devices": [{"catalog": "T4", "scale": float("inf")}, T4]},
+     "device 0 scale"),
+    ({"host_mem_bw": float("nan")}, "host_mem_bw"),
+    ({"peers": [{**LINK, "bandwidth": float("nan")}]}, "peer 0-1 bandwidth"),
+    ({"peers": [{**LINK, "p2p": "false"}]}, "p2p must be true or false"),
+    ({"peers": [{**LINK, "a": "0"}]}, "a must be a whole number"),
+    ({"peers": [{**LINK, "b": 1.9}]}, "b must be a whole number"),
+    ({"peers": [{**LINK, "a": 1}]}, "links device 1 to itself"),
+    ({"peers": [LINK, {**LINK, "a": 1, "b": 0}]}, "linked twice"),
+    ({"peers": [{**LINK, "latency": 1.0}]}, "unknown field 'latency'"),
+    ({"typo_nccl": True}, "unknown field 'typo_nccl'"),
+    ({"devices": [{"catalog": "T4", "mem_bytes": 1e6}, T4]},
+     "device 0: unknown field 'mem_bytes'"),
+    ({"devices": []}, "no devices"),
+    ({"devices": {"catalog": "T4"}}, "devices must be a list"),
+    ({"devices": ["T4", "L4"]}, "device 0: expected a JSON object"),
+    ({"devices": [T4] * 65}, "65 devices, more than"),
+    ({"devices": [{"catalog": "T5"}, T4]}, "device 0: unknown GPU model 'T5'"),
+    ({"real_backends": "cuda"}, "real_backends must be a list"),
+    ({"real_backends": ["gpu"]}, "real_backends names 'gpu'"),
+    ({"nccl": "yes"}, "nccl must be true or false"),
+    ({"name": 123}, "name must be a string"),
+    ({"name": ".hidden"}, "name '.hidden' must be"),
+])
+def test_every_field_of_a_profile_is_checked(change, why):
+    """A wrong type, a number that is not finite and positive, an unknown
+    field or an impossible link is one error naming the field, not a
+    machine that predicts NaN or negative times."""
+    obj = {"name": "box", "devices": [T4, T4], "peers": [LINK], **change}
+    with pytest.raises(MachineError) as err:
+        machine_from_json(obj)
+    assert why in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_valid_profile_keeps_what_it_states():
+    box = machine_from_json({"name": "box", "devices": [
+        {"catalog": "T4", "scale": 0.5}, {"catalog": "T4", "host_link": "pcie4"}],
+        "peers": [{**LINK, "p2p": False, "bandwidth": 8e9}], "nccl": True,
+        "real_backends": ["cuda"]})
+    assert box.devices[0].peak_fp32 == pytest.approx(
+        0.5 * box.devices[1].peak_fp32)
+    assert box.host_links[1].kind == "pcie4"
+    assert not box.peer(0, 1).p2p and box.peer(0, 1).bandwidth == 8e9
+    assert box.nccl and box.real_backends == ("cuda",)
 
 
 # ---- a profile of one's own, by path ---------------------------------------------
@@ -117,6 +173,23 @@ def test_a_bad_profile_file_is_one_line_naming_it(tmp_path, content, why):
         load_machine(str(path))
     assert str(path) in str(err.value) and why in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_profile_file_may_not_take_a_shipped_name(tmp_path):
+    """Calibration and history are kept by name: a profile of one's own
+    called ``hetero-4`` would read and write the shipped machine's."""
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps({"name": "hetero-4", "devices": [T4]}))
+    with pytest.raises(MachineError, match="'hetero-4' is a shipped profile's"):
+        load_machine(str(path))
+
+
+def test_a_profile_file_without_a_name_takes_its_stem(tmp_path):
+    path = tmp_path / "rack-7.json"
+    path.write_text(json.dumps({"devices": [T4]}))
+    assert load_machine(str(path)).name == "rack-7"
+    with pytest.raises(MachineError, match="no name"):
+        machine_from_json({"devices": [T4]})
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):

@@ -14,6 +14,7 @@ from lib.contract import KINDS, TaskSpec
 from lib.costmodel import default_params, predict
 from lib.env import sample_task
 from lib.learners.ppo import PolicyFormatError, PPOAgent
+from lib.platform.machines import load_machine
 from lib.platform.telemetry import SimulatedTelemetry
 from lib.policies.actions import SLOTS, action_from_decision, decision_from_action
 from lib.policies.learned import (
@@ -336,3 +337,19 @@ def test_zero_finetune_steps_skip_the_measured_stage_with_the_reason(tmp_path):
     result = train(cfg, tmp_path, progress=False, evaluate_policy=False)
     measured = {s.name: s for s in result.stages}["measured"]
     assert measured.status == "skipped" and "0 fine-tune steps" in measured.reason
+
+
+def test_a_profile_of_ones_own_trains_by_its_path(tmp_path):
+    """Every stage's environment gets the machine itself, not its name, so a
+    profile file (whose name no shipped profile has) trains as a shipped
+    one does."""
+    path = tmp_path / "my-rack.json"
+    path.write_text(json.dumps({"name": "my-rack", "devices": [
+        {"catalog": "T4"}, {"catalog": "T4", "scale": 0.5}]}))
+    cfg = TrainConfig(machine=str(path), budget="smoke", seed=1,
+                      stages=("cost-model",))
+    result = train(cfg, tmp_path / "out", progress=False, evaluate_policy=False)
+    assert result.curves["cost-model"]
+    task = TaskSpec("elementwise", {"N": 1 << 24})
+    decision = result.policy.decide(task, load_machine(str(path)))
+    assert decision.gpus and abs(sum(decision.shares) - 1.0) < 1e-9

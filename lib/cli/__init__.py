@@ -53,7 +53,7 @@ from lib.cli import (
     validate,
 )
 from lib.cli.common import UsageError, check_home
-from lib.contract import ContractError
+from lib.contract import ContractError, NoFeasibleDecision
 from lib.costmodel.parameters import CalibrationError
 from lib.execution import BackendUnavailable, ExecutionError
 from lib.platform.machines import MachineError
@@ -71,7 +71,8 @@ COMMANDS = (doctor, explain, decide, run, validate, characterise, calibrate,
 
 #: Errors that mean the input was bad: one line on stderr, exit status 2.
 BAD_INPUT = (UsageError, ContractError, MachineError, DecisionRejected,
-             BackendUnavailable, StorageError, CalibrationError, SealError)
+             BackendUnavailable, StorageError, CalibrationError, SealError,
+             NoFeasibleDecision)
 #: The exit status when stdout's reader has gone: 128 + SIGPIPE, as for a tool
 #: the signal ended.
 EXIT_PIPE = 141

@@ -104,8 +104,14 @@ def acceptance(policy: Policy, machines: Sequence[Machine],
     return rows
 
 
-def run_ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, Any]]:
-    """The learned policy without parts of what it sees (PREDICTED)."""
+def run_ablations(machine, tasks, policy_path, notes, budget,
+                  source: str | None = None) -> list[dict[str, Any]]:
+    """The learned policy without parts of what it sees (PREDICTED).
+
+    Args:
+        source: what names ``machine`` for training (its profile's path
+            where it came from one); default its name.
+    """
     out = []
     snap = busy(machine, [0.7 if i == 0 else 0.0 for i in range(machine.n)])
     variants = [("full", {}, "the shipped policy"),
@@ -123,19 +129,22 @@ def run_ablations(machine, tasks, policy_path, notes, budget) -> list[dict[str, 
         speed, ratio = _score(policy, machine, tasks, snap)
         out.append({"variant": name, "speedup": speed, "ratio_to_optimum": ratio,
                     "how": how, "label": "PREDICTED (model)"})
-    curriculum = _curriculum_ablation(machine, tasks, snap, budget, notes)
+    curriculum = _curriculum_ablation(machine, tasks, snap, budget,
+                                      source or machine.name)
     out += curriculum
     return out
 
 
-def _curriculum_ablation(machine, tasks, snap, budget, notes) -> list[dict[str, Any]]:
-    """Two short trainings, with and without the curriculum, compared alike."""
+def _curriculum_ablation(machine, tasks, snap, budget, source: str
+                         ) -> list[dict[str, Any]]:
+    """Two short trainings for ``source`` (a machine's name or profile path),
+    with and without the curriculum, compared alike."""
     out = []
     short = "smoke" if budget != "full" else "quick"
     for name, flag in (("curriculum (short run)", True),
                        ("no curriculum (short run)", False)):
         with tempfile.TemporaryDirectory() as tmp:
-            result = train(TrainConfig(machine=machine.name, budget=short, seed=1,
+            result = train(TrainConfig(machine=source, budget=short, seed=1,
                                        curriculum=flag), tmp, progress=False)
             speed, ratio = _score(result.policy, machine, tasks, snap)
         out.append({"variant": name, "speedup": speed, "ratio_to_optimum": ratio,

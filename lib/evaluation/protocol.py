@@ -150,8 +150,9 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
     policies: dict[str, Policy] = {name: make_policy(name, seed)
                                    for name in POLICIES if name not in left_out}
     if not with_optimum:
-        notes.append("the exhaustive optimum was left out (--no-optimum): no "
-                     "oracle row and no ratio to it")
+        notes.append("the exhaustive optimum was left out of the runs "
+                     "(--no-optimum): no oracle row and no ratio to it there; "
+                     "the ablations and the transfer still compare with it")
     learned = learned_policy(policy_path, notes)
     if learned is not None:
         policies = {LEARNED: learned, **policies}
@@ -191,7 +192,8 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
         if bar is not None:
             bar.close()
     table4 = _table4(rows, seed)
-    ablations = run_ablations(machine, tasks, policy_path, notes, budget) \
+    ablations = run_ablations(machine, tasks, policy_path, notes, budget,
+                              str(machine_name)) \
         if learned is not None and backend == "model" else []
     transfer = run_transfer(learned, budget, seed, notes) \
         if learned is not None else []

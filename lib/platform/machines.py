@@ -24,6 +24,7 @@ Units throughout: FLOP/s, bytes, bytes/s, seconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lib.contract import MAX_DEVICES, MEASURING_BACKENDS
 from lib.platform.hostinfo import host_memory_bytes, last_level_cache
 
 GB = 1e9
@@ -279,54 +281,153 @@ def link_of_kind(kind: str, *, bandwidth: float | None = None, p2p: bool = False
                 note=note or f"{kind} per-direction rate (estimate)")
 
 
+#: The fields of a profile, of one of its devices and of one of its peer
+#: links; any other is refused (a misspelt field would silently leave the
+#: stock figure in place).
+PROFILE_FIELDS = ("name", "description", "simulated", "induced", "nccl",
+                  "host_mem_bw", "real_backends", "devices", "peers")
+DEVICE_FIELDS = ("catalog", "scale", "host_link", "note")
+PEER_FIELDS = ("a", "b", "kind", "bandwidth", "p2p", "note")
+
+
 def _number(spec: Any, where: str) -> float:
-    value = spec["value"] if isinstance(spec, Mapping) else spec
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise MachineError(f"{where}: expected a positive number, got {value!r}")
+    """A finite positive number (or ``{"value": number, ...}``)."""
+    value = spec["value"] if isinstance(spec, Mapping) and "value" in spec else spec
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise MachineError(f"{where}: expected a finite positive number, got "
+                           f"{value!r}")
     return float(value)
 
 
-def machine_from_json(obj: Mapping[str, Any]) -> Machine:
+def _typed(obj: Mapping[str, Any], key: str, kind: type, default: Any,
+           where: str) -> Any:
+    """``obj[key]`` if it is a ``kind`` (no bool for an int), else ``default``
+    when absent; MachineError naming ``where`` and the field otherwise."""
+    if key not in obj:
+        return default
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = {bool: "true or false", int: "a whole number",
+                    str: "a string", list: "a list"}[kind]
+        raise MachineError(f"{where}: {key} must be {expected}, got {value!r}")
+    return value
+
+
+def _fields(obj: Any, known: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise MachineError(f"{where}: expected a JSON object, got "
+                           f"{type(obj).__name__}")
+    unknown = [k for k in obj if k not in known]
+    if unknown:
+        raise MachineError(f"{where}: unknown field {unknown[0]!r} (a profile "
+                           f"knows {', '.join(known)})")
+    return obj
+
+
+def _device(i: int, d: Any, where: str) -> tuple[Device, Link]:
+    at = f"{where} device {i}"
+    d = _fields(d, DEVICE_FIELDS, at)
+    if "catalog" not in d:
+        raise MachineError(f"{at}: no catalog (the card's model, one of "
+                           f"{', '.join(GPU_CATALOG)})")
+    model = _typed(d, "catalog", str, "", at)
+    scale = _number(d["scale"], f"{at} scale") if "scale" in d else 1.0
+    if scale > MAX_SCALE:
+        raise MachineError(f"{at}: scale {scale!r} is more than {MAX_SCALE:g} "
+                           "(a clock lock slows a card down)")
+    try:
+        device = catalog_device(i, model, scale, _typed(d, "note", str, "", at))
+        host = link_of_kind(_typed(d, "host_link", str, GPU_CATALOG[model][6],
+                                   at))
+    except MachineError as exc:
+        text = str(exc)
+        raise MachineError(text if text.startswith(at) else f"{at}: {text}") \
+            from None
+    return device, host
+
+
+#: The largest induced speed-up ``scale`` may state (a card overclocked).
+MAX_SCALE = 2.0
+
+
+def machine_from_json(obj: Mapping[str, Any], default_name: str | None = None
+                      ) -> Machine:
     """Build a machine from a profile object (the format of ``lib/platform/profiles``).
 
     Devices are ``{"catalog": "H100 SXM"}`` (optionally ``"scale"`` and
-    ``"note"`` for induced slow-downs); host links name a kind; peer links are
-    ``{"a": 0, "b": 1, "kind": "nvlink", "bandwidth": 3e11, "p2p": true}``.
+    ``"note"`` for induced slow-downs, ``"host_link"`` for the link kind);
+    peer links are ``{"a": 0, "b": 1, "kind": "nvlink", "bandwidth": 3e11,
+    "p2p": true}``. Every field is checked: an unknown one, a wrong type, a
+    number that is not finite and positive, no devices or more than
+    :data:`~lib.contract.MAX_DEVICES`, or a pair of devices linked twice is a
+    :class:`MachineError` naming the field.
+
+    Args:
+        default_name: the name when the profile states none (a file's stem).
     """
-    name = obj.get("name", "?")
-    try:
-        devices = tuple(
-            catalog_device(i, d["catalog"], float(d.get("scale", 1.0)),
-                           d.get("note", ""))
-            for i, d in enumerate(obj["devices"])
-        )
-        host_links = tuple(
-            link_of_kind(d.get("host_link", GPU_CATALOG[d["catalog"]][6]))
-            for d in obj["devices"]
-        )
-        peers: dict[tuple[int, int], Link] = {}
-        for p in obj.get("peers", []):
-            a, b = int(p["a"]), int(p["b"])
-            if not (0 <= a < len(devices) and 0 <= b < len(devices)) or a == b:
-                raise MachineError(f"profile {name}: peer link {a}-{b} names a "
-                                   f"device that does not exist")
-            bw = (_number(p["bandwidth"], f"profile {name} peer {a}-{b}")
-                  if "bandwidth" in p else None)
-            peers[(min(a, b), max(a, b))] = link_of_kind(
-                p["kind"], bandwidth=bw, p2p=bool(p.get("p2p", True)),
-                note=p.get("note", ""))
-        return Machine(
-            name=name, description=obj.get("description", ""), devices=devices,
-            host_links=host_links, peers=peers,
-            host_mem_bw=_number(obj.get("host_mem_bw", 50 * GB),
-                                f"profile {name} host_mem_bw"),
-            simulated=bool(obj.get("simulated", True)),
-            induced=bool(obj.get("induced", False)),
-            nccl=bool(obj.get("nccl", False)),
-            real_backends=tuple(obj.get("real_backends", ())),
-        )
-    except (KeyError, TypeError) as exc:
-        raise MachineError(f"profile {name}: malformed ({exc!r})") from None
+    where = "profile"
+    if isinstance(obj, Mapping) and isinstance(obj.get("name"), str):
+        where = f"profile {obj['name']}"
+    obj = _fields(obj, PROFILE_FIELDS, where)
+    name = _typed(obj, "name", str, default_name, where)
+    if name is None:
+        raise MachineError(f"{where}: no name (calibration and history are "
+                           "kept under a machine's name)")
+    if not name.strip() or name.startswith(".") or any(
+            c in name for c in "/\\\0"):
+        raise MachineError(f"{where}: name {name!r} must be a non-empty name "
+                           "without a path separator or a leading dot")
+    where = f"profile {name}"
+    devices_in = _typed(obj, "devices", list, None, where)
+    if not devices_in:
+        raise MachineError(f"{where}: no devices (a list of "
+                           '{"catalog": MODEL} objects)')
+    if len(devices_in) > MAX_DEVICES:
+        raise MachineError(f"{where}: {len(devices_in)} devices, more than a "
+                           f"decision can address ({MAX_DEVICES})")
+    pairs = [_device(i, d, where) for i, d in enumerate(devices_in)]
+    devices = tuple(d for d, _ in pairs)
+    host_links = tuple(h for _, h in pairs)
+    peers: dict[tuple[int, int], Link] = {}
+    for p in _typed(obj, "peers", list, [], where):
+        p = _fields(p, PEER_FIELDS, f"{where} peer")
+        for key in ("a", "b", "kind"):
+            if key not in p:
+                raise MachineError(f"{where} peer: no {key!r} (a peer link is "
+                                   '{"a": i, "b": j, "kind": KIND})')
+        a, b = (_typed(p, k, int, 0, f"{where} peer") for k in ("a", "b"))
+        at = f"{where} peer {a}-{b}"
+        if not (0 <= a < len(devices) and 0 <= b < len(devices)):
+            raise MachineError(f"{at}: names a device that does not exist (the "
+                               f"profile has devices 0-{len(devices) - 1})")
+        if a == b:
+            raise MachineError(f"{at}: links device {a} to itself")
+        key = (min(a, b), max(a, b))
+        if key in peers:
+            raise MachineError(f"{at}: devices {key[0]} and {key[1]} are "
+                               "linked twice")
+        bw = _number(p["bandwidth"], f"{at} bandwidth") if "bandwidth" in p \
+            else None
+        peers[key] = link_of_kind(
+            _typed(p, "kind", str, "", at), bandwidth=bw,
+            p2p=_typed(p, "p2p", bool, True, at),
+            note=_typed(p, "note", str, "", at))
+    backends = _typed(obj, "real_backends", list, [], where)
+    for b in backends:
+        if b not in MEASURING_BACKENDS:
+            raise MachineError(f"{where}: real_backends names {b!r}; expected "
+                               f"some of {', '.join(MEASURING_BACKENDS)}")
+    return Machine(
+        name=name, description=_typed(obj, "description", str, "", where),
+        devices=devices, host_links=host_links, peers=peers,
+        host_mem_bw=_number(obj.get("host_mem_bw", 50 * GB),
+                            f"{where} host_mem_bw"),
+        simulated=_typed(obj, "simulated", bool, True, where),
+        induced=_typed(obj, "induced", bool, False, where),
+        nccl=_typed(obj, "nccl", bool, False, where),
+        real_backends=tuple(backends),
+    )
 
 
 def local_cpu_machine(n: int | None = None) -> Machine:
@@ -463,10 +564,11 @@ def _read_profile(path: Path) -> dict:
     return obj
 
 
-def load_machine(name: str | Path | Machine) -> Machine:
+def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
     """A machine: a shipped profile's name, the path of a profile JSON of one's
     own (the format of the reference chapter; any name containing a ``/`` or
-    ending in ``.json`` is a path), or a Machine, returned unchanged.
+    ending in ``.json`` is a path), a profile object (that JSON, loaded), or
+    a Machine, returned unchanged.
 
     Raises:
         MachineError: an unknown name (the message lists the known ones), or a
@@ -474,6 +576,11 @@ def load_machine(name: str | Path | Machine) -> Machine:
     """
     if isinstance(name, Machine):
         return name
+    if isinstance(name, Mapping):
+        return machine_from_json(name)
+    if not isinstance(name, (str, Path)):
+        raise MachineError(f"machine {name!r}: expected a profile name, the path "
+                           "of a profile JSON, a profile object or a Machine")
     for prefix, resolve in RESOLVERS.items():
         if isinstance(name, str) and name.startswith(prefix):
             return resolve(name)
@@ -481,7 +588,13 @@ def load_machine(name: str | Path | Machine) -> Machine:
             "/" in name or name.endswith(".json"))):
         path = Path(name).expanduser()
         try:
-            return machine_from_json(_read_profile(path))
+            machine = machine_from_json(_read_profile(path),
+                                        default_name=path.stem)
+            if machine.name in list_machines():
+                raise MachineError(
+                    f"name {machine.name!r} is a shipped profile's; give yours "
+                    "another (calibration and history are kept by name)")
+            return machine
         except MachineError as exc:
             text = str(exc)
             raise MachineError(text if str(path) in text

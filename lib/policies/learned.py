@@ -54,7 +54,14 @@ from typing import Any
 
 import numpy as np
 
-from lib.contract import BLOCKS, COMM_PATHS, MODES, Decision, TaskSpec
+from lib.contract import (
+    BLOCKS,
+    COMM_PATHS,
+    MODES,
+    Decision,
+    NoFeasibleDecision,
+    TaskSpec,
+)
 from lib.learners.ppo import PolicyFormatError
 from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine
@@ -445,6 +452,10 @@ class LearnedPolicy:
         if self.use_mask:
             device, masks = ctx.decoder.allowed(task, whole.footprint)
             usable = [i for i in index if device[i]]
+            if not usable:
+                raise NoFeasibleDecision(
+                    f"no feasible decision for {task.describe()} on "
+                    f"{machine.name}: no healthy device can hold even one row")
         if len(usable) == len(index):
             p, picked = self._kernel(task, ctx, whole, masks)
             choices = picked.tolist()

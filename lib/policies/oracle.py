@@ -61,7 +61,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lib.contract import DEFAULT_BLOCK, PIPELINE_CHUNKS, Decision, TaskSpec
+from lib.contract import (
+    DEFAULT_BLOCK,
+    PIPELINE_CHUNKS,
+    Decision,
+    NoFeasibleDecision,
+    TaskSpec,
+)
 from lib.costmodel.model import (
     CostParams,
     Prediction,
@@ -711,7 +717,7 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
         An :class:`Optimum` whose decision Gate 1 accepts.
 
     Raises:
-        ValueError: no subset of the usable devices can hold the task.
+        NoFeasibleDecision: no subset of the usable devices can hold the task.
     """
     start = time.perf_counter()
     params = params or default_params()
@@ -756,7 +762,7 @@ def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
         if check_decision(cand, task, machine, telemetry).accepted:
             best = (pred.total, cand, pred)
     if best is None:
-        raise ValueError(f"no feasible decision for {task.describe()} on "
+        raise NoFeasibleDecision(f"no feasible decision for {task.describe()} on "
                          f"{machine.name}: no subset of devices can hold it")
     return Optimum(decision=best[1], prediction=best[2],
                    candidates=search.count + len(refined) + 2,

@@ -296,7 +296,9 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
             for b in gpus:
                 link = machine.peer(a, b) if a < b else None
                 if a < b and (link is None or not link.p2p):
-                    out.append(Violation("feasibility.p2p", f"no peer link between "
+                    why = "no peer link" if link is None else \
+                        f"the {link.kind} link does not copy peer to peer"
+                    out.append(Violation("feasibility.p2p", f"{why} between "
                                                             f"devices {a} and {b}"))
     if f["comm_path"] == "nccl":
         if len(gpus) < 2:

@@ -63,7 +63,7 @@ def run_measured(learner: TrainableLearner, config: TrainConfig, machine: Machin
     batch_rows = max(4, min(16, steps))
     n_it = max(1, steps // batch_rows)
     enc = encoder_for(learner, config)
-    env = SplitEnv(EnvConfig(machine=machine.name, backend=backend,
+    env = SplitEnv(EnvConfig(machine=machine, backend=backend,
                              penalty=config.penalty,
                              task_log10_bytes=MEASURED_LOG10_BYTES,
                              backend_options={"seed": config.seed}))

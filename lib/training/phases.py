@@ -86,7 +86,7 @@ def plan_phases(config: TrainConfig, machine: Machine) -> list[Phase]:
                                          stage=s.name)))
         else:
             extra = sum(plan.curriculum)
-        target = replace(base, machine=machine.name, p_busy=TARGET_P_BUSY,
+        target = replace(base, machine=machine, p_busy=TARGET_P_BUSY,
                          p_idle=TARGET_P_IDLE, task_log10_bytes=MODEL_LOG10_BYTES,
                          params=default_params())
         out.append(Phase(f"target:{machine.name}", "cost-model",
@@ -96,7 +96,7 @@ def plan_phases(config: TrainConfig, machine: Machine) -> list[Phase]:
         params = load_params(machine.name) or default_params()
         # Independent log-normal factors on the two predicted times of the
         # reward log(T_eq / T) add noise_sigma * (e_1 - e_2): std sigma * sqrt 2.
-        target = replace(base, machine=machine.name, p_busy=TARGET_P_BUSY,
+        target = replace(base, machine=machine, p_busy=TARGET_P_BUSY,
                          p_idle=TARGET_P_IDLE, task_log10_bytes=MODEL_LOG10_BYTES,
                          params=params)
         out.append(Phase("calibrated", "calibrated", plan.calibrated,
