@@ -30,7 +30,8 @@ def targets(report: EvalReport, machine: Machine) -> list[Target]:
         s = geomean([r.speedup for r in rl])
         out.append(Target("T1", s >= bound and hetero, f"{s:.2f}x over equal split "
                           f"{label}", f">= {bound:.2f}x",
-                          "" if hetero else "the machine's devices are all the same card"))
+                          "" if hetero
+                          else "the machine's devices are all the same card"))
         ratios = [r.seconds / r.optimum_seconds for r in rl if r.optimum_seconds]
         if ratios:
             g = geomean(ratios)
