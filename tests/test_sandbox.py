@@ -189,6 +189,21 @@ def test_hide_empties_a_folder(scratch: Path):
         shutil.rmtree(secret)
 
 
+def test_a_folder_hidden_inside_an_exposed_one_stays_hidden(scratch: Path,
+                                                          tmp_path: Path):
+    """GPUHive's home inside a checkout under /tmp (exposed again past the
+    fresh /tmp): its files stay out of sight, and the sandbox starts."""
+    checkout = tmp_path / "checkout"
+    home = checkout / ".gpuhive"
+    home.mkdir(parents=True)
+    (checkout / "code.py").write_text("x")
+    (home / "key").write_text("s3cret")
+    seen = _sh(f"ls -A {checkout}; ls -A {home}; cat {home}/key", scratch,
+               hide=[home], expose=[checkout])
+    assert seen.stdout.split() == [b".gpuhive", b"code.py"]
+    assert seen.returncode != 0 and b"s3cret" not in seen.stdout
+
+
 def test_network_is_unreachable(scratch: Path):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))

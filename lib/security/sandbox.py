@@ -505,18 +505,25 @@ def _command(
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
     ]  # fmt: skip
-    for path in hide:
-        cmd += ["--size", "4096", "--tmpfs", str(path)]
+    # Outer folders first, so a folder hidden inside an exposed one stays
+    # hidden and one exposed inside a hidden one stays visible: a hidden
+    # folder is an empty tmpfs; an exposed one is bound read-only again
+    # where the fresh /tmp (or a hidden folder) covered it, so a checkout or
+    # a virtual environment under /tmp stays usable.
+    mounts = sorted([(Path(p), True) for p in hide]
+                    + [(Path(p), False) for p in expose],
+                    key=lambda m: len(m[0].parts))
+    for path, hidden in mounts:
+        if hidden:
+            cmd += ["--size", "4096", "--tmpfs", str(path)]
+        else:
+            cmd += ["--ro-bind", str(path), str(path)]
     for path in hide:
         # The launcher's interpreter has to stay visible under a hidden folder.
         if Path(prefix).is_relative_to(path):
             cmd += ["--ro-bind", prefix, prefix]
         elif Path(python).is_relative_to(path):
             cmd += ["--ro-bind", python, python]
-    for path in expose:
-        # read-only again where the fresh /tmp (or a hidden folder) covered it:
-        # a checkout or a virtual environment under /tmp stays usable
-        cmd += ["--ro-bind", str(path), str(path)]
     cmd += ["--bind", str(scratch), SCRATCH]
     for path in ["/", "/dev", *map(str, hide)]:
         cmd += ["--remount-ro", path]
