@@ -8,9 +8,13 @@
    :mod:`lib.codegen.specialise`) or an LLM (:mod:`lib.codegen.llm`), whose
    answer must hold exactly one code block;
 3. Gate 2a scans the source and the compile options; NVRTC compiles it to PTX;
-   an LLM's kernel must also pass the numerical spot check against NumPy
-   (:mod:`lib.codegen.spotcheck`, emulated on the CPU here, on the device where
-   there is one);
+   an LLM's kernel must also pass Gate 2c on that PTX
+   (:mod:`lib.security.ptx`: no state that outlives a launch, no clocks, sleeps,
+   traps, system-scope atomics, unresolved or indirect calls, no recursion),
+   the numerical spot check against NumPy (:mod:`lib.codegen.spotcheck`,
+   emulated on the CPU here, on the device where there is one), and ptxas
+   (a module it refuses, or a function whose stack or spills pass the limit,
+   is refused);
 4. the kernel is sealed (Gate 2b) into the cache and returned as a
    :class:`GeneratedKernel`.
 
@@ -40,6 +44,7 @@ from lib.codegen.specialise import (
 )
 from lib.contract import Decision, TaskSpec, config_hash
 from lib.security import Verdict, check_compile_options, scan_source
+from lib.security.ptx import check_ptx
 
 log = logging.getLogger("lib.codegen")
 
@@ -137,6 +142,7 @@ CHECKS: dict[str, str] = {
     "sandbox": "the sandbox",
     "gate2a.compiled": "Gate 2a on the text the compilers see",
     "nvrtc": "NVRTC",
+    "ptx": "Gate 2c on the compiled PTX",
     "spot": "the spot check",
     "resources": "the resource limits",
 }
@@ -275,14 +281,20 @@ class CodeGenerator:
         except isolation.IsolationError as exc:
             self._reject(provider, f"sandbox: {exc}", "sandbox")
         if provider is not None:
+            gate2c = check_ptx(ptx, entry, int(decision.block))
+            if not gate2c.accepted:
+                self._reject(provider, f"Gate 2c: {gate2c.summary()}", "ptx")
             tile = tunables(task, decision).get("MATMUL_TILE", 16)
             try:
                 spot = spotcheck.spot_check(source, task, decision,
                                             self.spot_runner, tile=tile,
                                             sandboxed=True, ptx=ptx)
             except EmulationError as exc:
+                text = str(exc)
+                said = [ln.strip() for ln in text.splitlines()
+                        if ln.startswith("driver: ")]
                 self._reject(provider, "spot check did not run: "
-                             + _first_error(str(exc)), "spot")
+                             + (said[0] if said else _first_error(text)), "spot")
             if not spot.passed:
                 self._reject(provider, f"spot check failed on {spot.task}: max "
                              f"|error| {spot.max_abs_error:.3g} above tolerance "
@@ -292,10 +304,15 @@ class CodeGenerator:
             try:
                 resources = nvrtc.ptxas_resources(ptx, self.arch)
             except nvrtc.CompileError as exc:
+                if provider is not None:  # a module no GPU would load
+                    self._reject(provider, "ptxas: " + _first_error(str(exc)),
+                                 "resources")
                 log.info("ptxas could not measure %s: %s", entry, exc)
         if provider is not None and resources:
-            self._check_resources(provider, resources.get(entry, {}))
+            self._check_resources(provider, resources)
         verdicts = {"gate2a": gate2a, "gate2a.options": gate_opts}
+        if provider is not None:
+            verdicts["gate2c"] = gate2c
         if self.use_cache:
             sealed = self.cache.put(key, source, ptx, options, arch, compiler)
             verdicts["gate2b"] = self.cache.seal.verify(sealed, key)
@@ -321,15 +338,19 @@ class CodeGenerator:
         return text, verdict
 
     def _check_resources(self, provider: llm.Provider,
-                         usage: Mapping[str, int]) -> None:
-        """Refuse a kernel whose stack or spills per thread (ptxas's own
-        report) exceed :data:`MAX_STACK_BYTES`: deep recursion or a huge local
-        array would exhaust device memory at launch."""
-        stack = usage.get("stack_bytes", 0)
-        spills = usage.get("spill_store_bytes", 0)
-        if stack > MAX_STACK_BYTES or spills > MAX_STACK_BYTES:
-            self._reject(provider, f"resources: {stack} B stack and {spills} B "
-                         f"spills per thread (limit {MAX_STACK_BYTES} B)", "resources")
+                         usage: Mapping[str, Mapping[str, int]]) -> None:
+        """Refuse a kernel any of whose functions has a stack or spills per
+        thread (ptxas's own report, per function: a device function's frame
+        is not in its caller's figure) above :data:`MAX_STACK_BYTES`: a huge
+        local array would exhaust device memory at launch. (Recursion, whose
+        depth no figure bounds, Gate 2c refuses.)"""
+        for name, one in usage.items():
+            stack = one.get("stack_bytes", 0)
+            spills = one.get("spill_store_bytes", 0)
+            if stack > MAX_STACK_BYTES or spills > MAX_STACK_BYTES:
+                self._reject(provider, f"resources: {name}: {stack} B stack and "
+                             f"{spills} B spills per thread (limit "
+                             f"{MAX_STACK_BYTES} B)", "resources")
 
     def _ask(self, provider: llm.Provider, task: TaskSpec,
              decision: Decision) -> str:

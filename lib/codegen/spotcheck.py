@@ -4,8 +4,10 @@ compare the result with the NumPy reference of :mod:`lib.platform.workloads`.
 A generated kernel is launched exactly as the execution plane would launch the
 task's kernel (the launch conventions of ``kernels/README.md``, the decision's
 block size) on a small task of the same kind and dtype whose sizes are not
-multiples of the block or the tile, so bounds handling is exercised. Where it
-runs is a :data:`Runner`:
+multiples of the block or the tile, so bounds handling is exercised, and then
+on a task of a real launch's sizes (powers of two, tens of blocks), so
+behaviour that waits for a larger size or grid shows. Where it runs is a
+:data:`Runner`:
 
 * ``"emulated"`` -- :mod:`lib.codegen.emulate`: the source built as host C++
   and run on the CPU (no GPU needed; what the tests use);
@@ -52,6 +54,23 @@ SPOT_DIMS: dict[str, dict[str, int]] = {
 GRID_1D = 3
 """Blocks of a 1-D spot launch: few, so grid-stride loops go round."""
 
+#: The second task each kind is checked on: the sizes of a real launch
+#: (powers of two, a grid of :data:`GRID_1D_LARGE` blocks), so a kernel
+#: whose misbehaviour waits for a size, a grid or an alignment the small
+#: task does not have shows it below these. (A trigger above them remains:
+#: no spot check proves a kernel right at every size.)
+LARGE_SPOT_DIMS: dict[str, dict[str, int]] = {
+    "matmul": {"M": 128, "N": 128, "K": 128},
+    "reduce": {"N": 1 << 18},
+    "elementwise": {"N": 1 << 18},
+    "stencil": {"H": 256, "W": 256, "T": 1},
+    "histogram": {"N": 1 << 18},
+}
+
+GRID_1D_LARGE = 80
+"""Blocks of a 1-D launch on the large task (more than the SMs of most
+devices)."""
+
 #: Wall and CPU limit of one sandboxed spot run, seconds: the spot task is tiny
 #: (a sane kernel needs well under a second even under the sanitizers), so an
 #: endless loop, a spin or a divergent barrier is refused in this time.
@@ -93,12 +112,13 @@ class Launch:
     finish: Callable[[list[np.ndarray]], np.ndarray]
 
 
-def spot_task(task: TaskSpec) -> TaskSpec:
-    """The small task of ``task``'s kind and dtype a kernel is checked on.
+def spot_task(task: TaskSpec, large: bool = False) -> TaskSpec:
+    """The small task of ``task``'s kind and dtype a kernel is checked on
+    (``large``: the second one, :data:`LARGE_SPOT_DIMS`).
 
     Histogram keeps the task's bin count (the kernel may be specialised to it).
     """
-    dims = dict(SPOT_DIMS[task.kind])
+    dims = dict((LARGE_SPOT_DIMS if large else SPOT_DIMS)[task.kind])
     if task.kind == "histogram":
         dims["B"] = task.dims["B"]
     return TaskSpec(task.kind, dims, task.dtype)
@@ -124,11 +144,12 @@ def _nan_like(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 
 def launch_for(task: TaskSpec, decision: Decision, inputs: dict[str, np.ndarray],
-               tile: int = 16) -> Launch:
+               tile: int = 16, grid_1d: int = GRID_1D) -> Launch:
     """The launch of ``task``'s kernel on ``inputs`` with ``decision``'s block.
 
     Args:
         tile: ``MATMUL_TILE`` the matmul source was specialised with.
+        grid_1d: blocks of a one-dimensional launch.
     """
     d, block = task.dtype, int(decision.block)
     entry = entry_name(task.kind, d)
@@ -141,19 +162,19 @@ def launch_for(task: TaskSpec, decision: Decision, inputs: dict[str, np.ndarray]
     if task.kind == "reduce":
         n = task.dims["N"]
         args = (read_only(_encode(inputs["x"], d)),
-                read_write(np.full(GRID_1D, np.nan, dtype=np.float32)), i64(n))
+                read_write(np.full(grid_1d, np.nan, dtype=np.float32)), i64(n))
 
         def finish_sum(out: list[np.ndarray]) -> np.ndarray:
             # The host adds the per-block partial sums (kernels/README.md).
             return np.array([math.fsum(out[0].astype(np.float64))], np.float32)
 
-        return Launch(entry, (GRID_1D,), block, args, finish_sum)
+        return Launch(entry, (grid_1d,), block, args, finish_sum)
     if task.kind == "elementwise":
         n = task.dims["N"]
         args = (f32(Elementwise.A), read_only(_encode(inputs["x"], d)),
                 read_only(_encode(inputs["y"], d)), read_write(_nan_like((n,), d)),
                 i64(n))
-        return Launch(entry, (GRID_1D,), block, args, lambda out: _decode(out[0], d))
+        return Launch(entry, (grid_1d,), block, args, lambda out: _decode(out[0], d))
     if task.kind == "stencil":
         h, w, _ = task.dims.values()
         args = (read_only(inputs["u"]), read_write(_nan_like((h, w), d)), i32(h),
@@ -208,6 +229,10 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0,
     With ``ptx`` (what the plane compiled in the sandbox for untrusted
     source) that module is loaded instead, so nothing compiles in this
     process. ``timeout_s`` is not enforced on the device.
+
+    Raises:
+        lib.codegen.emulate.EmulationError: the kernel changed a read-only
+            input (as the emulated driver refuses it).
     """
     import cupy
 
@@ -225,18 +250,21 @@ def run_cuda(source: str, launch: Launch, timeout_s: float = 30.0,
         module = cupy.RawModule(code=source, options=tuple(options))
     kernel = module.get_function(launch.entry)
     scalars = {"f": np.float32, "d": np.float64, "i": np.int32, "l": np.int64}
-    args, writable = [], []
-    for arg in launch.args:
+    args, writable, inputs = [], [], []
+    for n, arg in enumerate(launch.args):
         if isinstance(arg, Scalar):
             args.append(scalars[arg.code](arg.value))
         else:
             dev = cupy.asarray(arg.array)
             args.append(dev)
-            if arg.writable:
-                writable.append(dev)
+            (writable if arg.writable else inputs).append((n, dev, arg.array))
     kernel(launch.grid, (launch.block,), tuple(args))
     cupy.cuda.Device().synchronize()
-    return launch.finish([cupy.asnumpy(a) for a in writable])
+    for n, dev, host in inputs:  # as the emulated driver checks (exit 3)
+        if cupy.asnumpy(dev).tobytes() != np.ascontiguousarray(host).tobytes():
+            raise emulate.EmulationError(f"{launch.entry}: the kernel wrote to "
+                                         f"its read-only input (argument {n})")
+    return launch.finish([cupy.asnumpy(a) for _, a, _ in writable])
 
 
 @lru_cache(maxsize=1)
@@ -257,7 +285,8 @@ def resolve_runner(runner: str) -> str:
 def spot_check(source: str, task: TaskSpec, decision: Decision,
                runner: str = "auto", seed: int = 0, tile: int = 16, *,
                sandboxed: bool = False, ptx: str | None = None) -> SpotResult:
-    """Run ``source`` on :func:`spot_task` of ``task`` and compare with NumPy.
+    """Run ``source`` on the two :func:`spot_task` of ``task`` (the small one
+    first) and compare each with NumPy; it passes when both do.
 
     Args:
         tile: the matmul tile the source was asked for (sets the 2-D grid).
@@ -273,17 +302,25 @@ def spot_check(source: str, task: TaskSpec, decision: Decision,
     """
     start = time.perf_counter()
     which = resolve_runner(runner)
-    small = spot_task(task)
-    work = workload(small)
-    inputs = work.make_inputs(small, seed)
-    launch = launch_for(small, decision, inputs, tile)
-    if which == "cuda":
-        out = run_cuda(source, launch, ptx=ptx)
-    else:
-        out = run_emulated(source, launch, sandboxed=sandboxed,
-                           timeout_s=UNTRUSTED_TIMEOUT_S if sandboxed else 30.0)
-    ref = work.reference(small, inputs)
-    ok, err = verify(small, np.asarray(out), ref)
-    if not np.all(np.isfinite(np.asarray(out, dtype=np.float64))):
-        ok, err = False, math.inf
-    return SpotResult(ok, err, which, small.describe(), time.perf_counter() - start)
+    passed, worst, names = True, 0.0, []
+    for large, grid in ((False, GRID_1D), (True, GRID_1D_LARGE)):
+        small = spot_task(task, large)
+        names.append(small.describe())
+        work = workload(small)
+        inputs = work.make_inputs(small, seed)
+        launch = launch_for(small, decision, inputs, tile, grid)
+        if which == "cuda":
+            out = run_cuda(source, launch, ptx=ptx)
+        else:
+            out = run_emulated(source, launch, sandboxed=sandboxed,
+                               timeout_s=UNTRUSTED_TIMEOUT_S if sandboxed else 30.0)
+        ref = work.reference(small, inputs)
+        ok, err = verify(small, np.asarray(out), ref)
+        if not np.all(np.isfinite(np.asarray(out, dtype=np.float64))):
+            ok, err = False, math.inf
+        passed, worst = passed and ok, max(worst, err)
+        if not ok:
+            names = names[-1:]  # the task it failed on
+            break
+    return SpotResult(passed, worst, which, " and ".join(names),
+                      time.perf_counter() - start)

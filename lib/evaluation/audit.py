@@ -299,6 +299,11 @@ def _accept_everything(source: str, entry: str | None = None,
     return Verdict("gate2a", [])
 
 
+def _accept_all_ptx(ptx: str, entry: str | None = None,
+                    block: int | None = None) -> Verdict:
+    return Verdict("gate2c", [])
+
+
 def _plane_call(case: Case, folder: Path) -> Callable[[], Verdict]:
     """The answer of ``case`` through the whole code-generation plane, as a
     gate: the checks are those that refused it (``plane.<check>``), none when
@@ -316,13 +321,14 @@ def _plane_call(case: Case, folder: Path) -> Callable[[], Verdict]:
         gen = CodeGenerator(cache=KernelCache(folder / "kernels",
                                               folder / "keys" / "seal.key"),
                             spot_runner="emulated", measure_resources=False)
-        saved = plane.scan_source
-        if p["blind_scanner"]:
-            plane.scan_source = _accept_everything
+        saved = plane.scan_source, plane.check_ptx
+        if p["blind_scanner"]:  # both static scans, of the source and the PTX
+            plane.scan_source, plane.check_ptx = _accept_everything, \
+                _accept_all_ptx
         try:
             kernel = gen.generate(task, decision, answer)
         finally:
-            plane.scan_source = saved
+            plane.scan_source, plane.check_ptx = saved
         if marker.exists():
             return Verdict("plane", [])
         return Verdict("plane", [Violation(f"plane.{c}", why) for c, why in

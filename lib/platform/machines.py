@@ -19,6 +19,14 @@ Shipped profiles (``lib/platform/profiles/*.json`` plus two built at load time):
 - ``nvml``: read from the live machine through NVML (needs a driver).
 
 Units throughout: FLOP/s, bytes, bytes/s, seconds.
+
+Why one module: the datasheet catalog, the dataclasses built from it, the
+profile format (whose every field is checked against what it means: a
+catalog entry, a link kind, a finite positive rate), the live machines
+(``local-cpu``, ``nvml``, built from the same catalog) and the registry that
+:func:`load_machine` resolves names through are one vocabulary. Split, the
+format would need the catalog and the registry the format, and each would
+import the other.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __shared__ static
 #define __launch_bounds__(...)
 
@@ -281,6 +282,137 @@ T __shfl_xor_sync(unsigned int mask, T value, int lane_mask, int width = warpSiz
     // leaves the caller's own value.
     const int source = (target / width == lane / width) ? target : -1;
     return gh_emu::shuffle(mask, value, source, "__shfl_xor_sync", line);
+}
+
+template <typename T>
+T __shfl_sync(unsigned int mask, T value, int src_lane, int width = warpSize,
+              int line = __builtin_LINE()) {
+    const int lane = static_cast<int>(gh_emu::linear_thread() % warpSize);
+    const int source = lane / width * width + ((src_lane % width) + width) % width;
+    return gh_emu::shuffle(mask, value, source, "__shfl_sync", line);
+}
+
+template <typename T>
+T __shfl_up_sync(unsigned int mask, T value, unsigned int delta,
+                 int width = warpSize, int line = __builtin_LINE()) {
+    const int lane = static_cast<int>(gh_emu::linear_thread() % warpSize);
+    const int in_segment = lane % width - static_cast<int>(delta);
+    const int source = in_segment >= 0 ? lane - static_cast<int>(delta) : -1;
+    return gh_emu::shuffle(mask, value, source, "__shfl_up_sync", line);
+}
+
+namespace gh_emu {
+// Every lane's predicate as a warp's bit mask (full warps only, as shuffles).
+inline unsigned int ballot(unsigned int mask, int predicate, const char* name,
+                           int line) {
+    unsigned int bits = 0;
+    for (int k = 0; k < static_cast<int>(warpSize); ++k)
+        bits |= (shuffle(mask, predicate != 0 ? 1u : 0u, k, name, line) & 1u) << k;
+    return bits;
+}
+}  // namespace gh_emu
+
+inline unsigned int __ballot_sync(unsigned int mask, int predicate,
+                                  int line = __builtin_LINE()) {
+    return gh_emu::ballot(mask, predicate, "__ballot_sync", line);
+}
+inline int __any_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
+    return gh_emu::ballot(mask, predicate, "__any_sync", line) != 0;
+}
+inline int __all_sync(unsigned int mask, int predicate, int line = __builtin_LINE()) {
+    return gh_emu::ballot(mask, predicate, "__all_sync", line) == 0xffffffffu;
+}
+inline void __syncwarp(unsigned int mask = 0xffffffffu, int line = __builtin_LINE()) {
+    (void)gh_emu::shuffle(mask, 0u, -1, "__syncwarp", line);
+}
+
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// Read-only loads through the texture path: plain loads on the host.
+template <typename T>
+T __ldg(const T* p) { return *p; }
+
+// CUDA's min and max overloads, the fast-math intrinsics and bit counts.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) {
+    return a < b ? a : b;
+}
+inline unsigned long long max(unsigned long long a, unsigned long long b) {
+    return a > b ? a : b;
+}
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __powf(float x, float y) { return std::pow(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// Vector types with the device's alignment, and their make_ functions.
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) {
+    return float4{x, y, z, w};
+}
+inline int2 make_int2(int x, int y) { return int2{x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+inline double2 make_double2(double x, double y) { return double2{x, y}; }
+
+template <typename T>
+T atomicCAS(T* address, T compare, T value) {
+    static_assert(std::is_integral<T>::value, "atomicCAS on integers");
+    __atomic_compare_exchange(address, &compare, &value, false, __ATOMIC_RELAXED,
+                              __ATOMIC_RELAXED);
+    return compare;
+}
+template <typename T>
+T atomicExch(T* address, T value) {
+    return __atomic_exchange_n(address, value, __ATOMIC_RELAXED);
+}
+template <typename T>
+T atomicSub(T* address, T value) {
+    return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED);
+}
+template <typename T>
+T atomicMax(T* address, T value) {
+    T old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    while (old < value && !__atomic_compare_exchange_n(address, &old, value, true,
+                                                       __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+template <typename T>
+T atomicMin(T* address, T value) {
+    T old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    while (old > value && !__atomic_compare_exchange_n(address, &old, value, true,
+                                                       __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+
+inline unsigned long long atomicAdd(unsigned long long* address,
+                                    unsigned long long value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
 
 inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {

@@ -13,7 +13,8 @@
 //   in:<path>   a const T* buffer read from a raw file
 //   io:<path>   a T* buffer read from a raw file and written back after the run
 // Buffers are allocated at exactly the file's size, so a sanitizer sees any
-// access past either end. Exit status 0 on success, 2 on a usage error.
+// access past either end. Exit status 0 on success, 2 on a usage error, 3 when
+// the kernel changed a read-only input.
 
 #include "../cuda_emu.h"
 
@@ -42,6 +43,7 @@ struct Buffer {
     std::unique_ptr<unsigned char[]> data;
     std::size_t bytes = 0;
     bool write_back = false;
+    std::vector<char> original;  // an input's bytes as loaded, to check after
 };
 
 class Buffers {
@@ -60,14 +62,25 @@ class Buffers {
         b.data.reset(new unsigned char[b.bytes]);
         if (b.bytes) std::memcpy(b.data.get(), bytes.data(), b.bytes);
         b.write_back = write_back;
+        if (!write_back) b.original = bytes;
         T* p = reinterpret_cast<T*>(b.data.get());
         buffers_.push_back(std::move(b));
         return p;
     }
 
+    // Writes every T* buffer back to its file; exit status 3 if the kernel
+    // wrote to a const T* one (through a cast: the spot check compares only
+    // the outputs, and on a device inputs are shared by every chunk).
     void write_back() const {
         for (const Buffer& b : buffers_) {
-            if (!b.write_back) continue;
+            if (!b.write_back) {
+                if (b.bytes && std::memcmp(b.original.data(), b.data.get(), b.bytes)) {
+                    std::fprintf(stderr, "driver: the kernel wrote to its read-only "
+                                         "input %s\n", b.path.c_str());
+                    std::exit(3);
+                }
+                continue;
+            }
             std::ofstream out(b.path, std::ios::binary | std::ios::trunc);
             out.write(reinterpret_cast<const char*>(b.data.get()),
                       static_cast<std::streamsize>(b.bytes));
