@@ -124,6 +124,19 @@ def test_doctor_reports_backends():
         assert out["cuda_reasons"] and out["missing"]["driver"]
 
 
+def test_doctor_checks_a_profile_of_ones_own(tmp_path):
+    path = tmp_path / "rack.json"
+    path.write_text(json.dumps({"name": "rack", "devices": [
+        {"catalog": "T4"}, {"catalog": "L4", "scale": 0.5}]}))
+    p = gpuhive("doctor", "--machine", str(path))
+    assert p.returncode == 0, p.stderr
+    assert "rack (simulated): 2 device(s)" in p.stdout
+    assert "1:L4" in p.stdout
+    out = json.loads(gpuhive("doctor", "--machine", str(path), "--json").stdout)
+    assert out["machines"]["rack"]["checked"] and out["machines"]["rack"][
+        "devices"] == 2
+
+
 def test_help_lists_the_commands():
     p = gpuhive("--help")
     assert p.returncode == 0

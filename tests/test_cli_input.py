@@ -154,6 +154,8 @@ CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
     "profile nan scale": ([*EXPLAIN, "--machine", "{d}/nan.json"], {},
                           "profile {d}/nan.json: profile nan device 0 scale: "
                           "expected a finite positive number, got nan"),
+    "doctor bad profile": (["doctor", "--machine", "{d}/nan.json"], {},
+                           "profile {d}/nan.json: profile nan device 0 scale"),
     "profile no devices": ([*EXPLAIN, "--machine", "{d}/empty.json"], {},
                            "profile {d}/empty.json: profile empty: no devices"),
     "profile shipped name": ([*EXPLAIN, "--machine", "{d}/shadow.json"], {},
@@ -231,7 +233,7 @@ def build_inputs(d: Path) -> None:
         (d / f"{name}.json").write_text(json.dumps(profile))
     (d / "p2p.json").write_text(json.dumps({
         "gpus": [0, 1], "shares": [0.5, 0.5], "chunk": 100, "block": 256,
-        "mode": "split", "comm_path": "p2p", "config_hash": "0" * 64}))
+        "mode": "split", "comm_path": "p2p", "config_hash": "not a hash"}))
     write_answers(d / "answers.json")
 
 

@@ -16,6 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "doctor", help=HELP,
         description="List the machine profiles and say which backends run for "
                     "real on this computer, and what of the CUDA stack is missing.")
+    p.add_argument("--machine", action="append", default=[], metavar="PROFILE",
+                   help="also check this profile (a shipped name or the path "
+                        "of a profile JSON; repeatable) and print its devices "
+                        "and links; a bad one exits 2 naming the field")
     add_json(p)
     p.set_defaults(run=run)
     return p
@@ -60,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             tags = " simulated" * info["simulated"] + " induced" * info["induced"]
             lines.append(f"  {name:<24} {info['devices']} device(s){tags}")
+    checked = [load_machine(spec) for spec in args.machine]
+    for m in checked:
+        machines[m.name] = {"devices": m.n, "simulated": m.simulated,
+                            "induced": m.induced, "about": m.description,
+                            "checked": True}
+        lines += [f"  {line}" for line in m.summary().splitlines()]
     lines.append("backends:")
     for name, info in backends.items():
         state = "real" if info["real"] else ("model" if name == "model" else "absent")

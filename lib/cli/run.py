@@ -43,7 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--decision", metavar="FILE", help="run this decision JSON "
                                                      "instead of the policy's")
     p.add_argument("--rehash", action="store_true",
-                   help="recompute the decision file's config_hash")
+                   help="recompute the decision file's config_hash (any "
+                        "hash it holds, well-formed or not, is ignored)")
     p.add_argument("--verify", action="store_true",
                    help="compare the result with the NumPy reference")
     add_seed(p, "inputs")
@@ -61,7 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from lib.runtime import Agent
 
     task = task_from_args(args)
-    decision = load_file(args.decision, "decision", Decision.from_json) \
+    def parse(obj: Any) -> Decision:
+        if args.rehash and isinstance(obj, dict):  # the hash is recomputed
+            obj = {k: v for k, v in obj.items() if k != "config_hash"}
+        return Decision.from_json(obj)
+
+    decision = load_file(args.decision, "decision", parse) \
         if args.decision else None
     check_calibration(args.machine)
     options: dict[str, Any] = {"seed": args.seed}
