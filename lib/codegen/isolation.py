@@ -34,7 +34,12 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from lib.codegen.nvrtc import CompileError, nvrtc_version
+from lib.codegen.nvrtc import (
+    CompileError,
+    find_nvcc,
+    nvrtc_version,
+    parse_ptxas_usage,
+)
 from lib.security import sandbox
 from lib.storage import gpuhive_home
 
@@ -223,6 +228,36 @@ def compile_ptx_isolated(source: str, name: str, arch: int,
                                  f"{result.returncode}: " + _first_line(
                                      result.stderr.decode(errors="replace")))
         return Path(tmp, "kernel.ptx").read_text()
+
+
+def ptxas_resources_isolated(ptx: str, arch: int) -> dict[str, dict[str, int]] | None:
+    """:func:`lib.codegen.nvrtc.ptxas_resources` of untrusted PTX, with nvcc
+    (and the ptxas it runs) in the sandbox; None when nvcc is not on PATH.
+
+    Raises:
+        CompileError: ptxas refused the PTX (its log).
+        IsolationError: no sandbox, or ptxas hit :data:`NVRTC_LIMITS`.
+    """
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return None
+    require_sandbox()
+    with tempfile.TemporaryDirectory(prefix="gh_ptxas_") as tmp:
+        Path(tmp, "kernel.ptx").write_text(ptx)
+        argv = [nvcc, "-cubin", f"-arch=sm_{arch}", "--resource-usage",
+                f"{sandbox.SCRATCH}/kernel.ptx", "-o",
+                f"{sandbox.SCRATCH}/kernel.cubin"]
+        result = sandbox.run(argv, scratch=Path(tmp), limits=NVRTC_LIMITS,
+                             allow_exec=True, hide=secret_dirs(),
+                             expose=runtime_paths())
+    if result.timed_out or result.killed_by_limit:
+        raise IsolationError(f"ptxas stopped at the sandbox's "
+                             f"{result.killed_by_limit or 'wall'} limit")
+    out = result.stdout.decode(errors="replace") \
+        + result.stderr.decode(errors="replace")
+    if result.returncode != 0:
+        raise CompileError(f"ptxas failed for sm_{arch}:\n{out}")
+    return parse_ptxas_usage(out)
 
 
 def _first_line(text: str) -> str:

@@ -13,8 +13,8 @@
    traps, system-scope atomics, unresolved or indirect calls, no recursion),
    the numerical spot check against NumPy (:mod:`lib.codegen.spotcheck`,
    emulated on the CPU here, on the device where there is one), and ptxas
-   (a module it refuses, or a function whose stack or spills pass the limit,
-   is refused);
+   in the sandbox (a module it refuses, or a function whose stack or spills
+   pass the limit, is refused);
 4. the kernel is sealed (Gate 2b) into the cache and returned as a
    :class:`GeneratedKernel`.
 
@@ -302,12 +302,16 @@ class CodeGenerator:
         resources = None
         if self.measure_resources or provider is not None:
             try:
-                resources = nvrtc.ptxas_resources(ptx, self.arch)
+                resources = nvrtc.ptxas_resources(ptx, self.arch) \
+                    if provider is None else \
+                    isolation.ptxas_resources_isolated(ptx, self.arch)
             except nvrtc.CompileError as exc:
                 if provider is not None:  # a module no GPU would load
                     self._reject(provider, "ptxas: " + _first_error(str(exc)),
                                  "resources")
                 log.info("ptxas could not measure %s: %s", entry, exc)
+            except isolation.IsolationError as exc:
+                self._reject(provider, f"sandbox: {exc}", "sandbox")
         if provider is not None and resources:
             self._check_resources(provider, resources)
         verdicts = {"gate2a": gate2a, "gate2a.options": gate_opts}
