@@ -215,6 +215,23 @@ def test_a_kernel_gate2a_refuses_refuses_the_kind_and_registers_nothing(kinds):
     ({"divisible": "K"}, "divisible 'K' is not one of its dims"),
     ({"merge": "max"}, "merge 'max'"),
     ({"dtypes": ("fp8",)}, "dtypes"),
+    # a reference that centres its input in place: each shard would centre on
+    # its own mean, and the check (reading the changed input) would agree
+    ({"reference": lambda task, x: np.subtract(x, x.mean(), out=x)},
+     "the reference writes into its inputs"),
+    ({"output_dtype": "O"}, "output_dtype 'O': expected a numeric NumPy dtype"),
+    ({"output_dtype": "U8"}, "output_dtype 'U8'"),
+    ({"output_dtype": "int8", "reference": lambda task, x: x * 1000.0},
+     "outside the output dtype int8"),
+    ({"reference": lambda task, x: x * np.nan}, "NaN or inf"),
+    ({"dims": "RC"}, "dims 'RC': expected a list or tuple"),
+    ({"dtypes": "fp32"}, "dtypes 'fp32': expected a list or tuple"),
+    ({"sliced": "x"}, "sliced 'x': expected a list or tuple"),
+    ({"reference": None}, "reference: expected a function"),
+    ({"cuda_source": 'extern "C" __global__ void softmax_fp32() {'},
+     "kind softmax: "),
+    ({"inputs": lambda task, rng: {"a/b": softmax_inputs(task, rng)["x"]}},
+     "input name 'a/b': expected an identifier"),
 ])
 def test_bad_registrations_fail_in_one_line_naming_the_kind(over, message):
     try:
@@ -224,6 +241,30 @@ def test_bad_registrations_fail_in_one_line_naming_the_kind(over, message):
         assert "softmax" not in KIND_DIMS and "softmax" not in WORKLOADS
     finally:
         unregister_workload("softmax")
+
+
+def test_a_kind_split_along_its_second_dimension_registers_and_runs():
+    """The self-check splits the dimension the kind says it splits, not the
+    first one."""
+    try:
+        register_kind("colscale", dims=("C", "R"), divisible="R", merge="concat",
+                      inputs=lambda t, rng: {"x": rng.standard_normal(
+                          (t.dims["R"], t.dims["C"])).astype(np.float32)},
+                      reference=lambda t, x: 3 * x,
+                      work=lambda t, r: {"flops": 1.0 * r, "bytes_in": 4.0 * r,
+                                         "bytes_out": 4.0 * r},
+                      output_shape=lambda t, r: (r, t.dims["C"]))
+        task = TaskSpec("colscale", {"C": 8, "R": 1000}, divisible_dim=1)
+        agent = Agent(machine="hetero-4")
+        assert agent.execute(task, agent.optimize(task), verify=True).metrics.verified
+    finally:
+        unregister_workload("colscale")
+
+
+def test_a_dtype_the_kind_does_not_support_is_refused(kinds):
+    task = TaskSpec("softmax", {"R": 100, "C": 8}, "fp64")
+    with pytest.raises(ValueError, match="dtype 'fp64' is not one it supports"):
+        Agent(machine="hetero-4").optimize(task)
 
 
 def test_a_built_in_name_cannot_be_registered():

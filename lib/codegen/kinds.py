@@ -124,6 +124,8 @@ def register_kind(name: str, *, dims: Sequence[str], divisible: str, merge: str,
     except (ValueError, ContractError) as exc:
         raise KindError(str(exc) if str(exc).startswith(f"kind {name}")
                         else f"kind {name}: {exc}") from None
+    except Exception as exc:  # a wrong type, a source the splitter cannot read
+        raise KindError(f"kind {name}: {type(exc).__name__}: {exc}") from None
     if name in KINDS:
         raise KindError(f"kind {name}: the name of a built-in kind")
     before = _registered(name)
@@ -131,14 +133,17 @@ def register_kind(name: str, *, dims: Sequence[str], divisible: str, merge: str,
         register_workload(kind)
         for dtype in kind.dtypes:
             _self_check(kind, TaskSpec(name, dict(example or {
-                d: EXAMPLE_SIZE for d in kind.dims}), dtype))
+                d: EXAMPLE_SIZE for d in kind.dims}), dtype,
+                divisible_dim=kind.dims.index(kind.divisible)))
     except Exception as exc:
         unregister_workload(name)
         if before is not None:
             register_workload(before)
         if isinstance(exc, KindError):
             raise
-        raise KindError(f"kind {name}: {type(exc).__name__}: {exc}") from None
+        text = str(exc)
+        raise KindError(text if text.startswith(f"kind {name}:")
+                        else f"kind {name}: {type(exc).__name__}: {text}") from None
     return kind
 
 
@@ -192,6 +197,9 @@ def _self_check(kind: RegisteredKind, task: TaskSpec) -> None:
                                 f"{b:g}, {c:g}: not affine in rows")
     inputs = kind.make_inputs(task, seed=0)
     ref = kind.reference(task, inputs)
+    if ref.dtype.kind == "f" and not np.all(np.isfinite(ref)):
+        raise KindError(f"{where}: the reference gives NaN or inf on the "
+                        "example task")
     parts = [kind.compute(task, kind.shard_inputs(task, inputs, lo, hi), lo, hi)
              for lo, hi in split_rows(n, CHECK_SHARES) if hi > lo]
     ok, err = verify(task, kind.merge(task, parts), ref)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import cloudpickle  # comes with dask[distributed], a dependency
@@ -20,6 +21,13 @@ import numpy as np
 
 from lib.contract import DTYPE_BYTES, KINDS, TaskSpec, add_kind, forget_kind
 from lib.platform.workloads import WORKLOADS, Arrays, ShardWork, Workload
+
+#: NumPy dtype kinds an output may have: bool, signed, unsigned, float (an
+#: object or string output cannot live in shared memory between processes).
+NUMERIC_KINDS = "biuf"
+#: What an input's name must look like: it is a keyword argument of the
+#: reference and names a file of the cpu backend's run folder.
+INPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 #: What a registered kind's ``work`` function must return, and may.
 WORK_REQUIRED = ("flops", "bytes_in", "bytes_out")
@@ -59,6 +67,24 @@ class RegisteredKind(Workload):
         if like not in WORKLOADS or isinstance(WORKLOADS[like], RegisteredKind):
             raise ValueError(f"like {like!r}: expected a built-in kind, one of "
                              f"{', '.join(KINDS)}")
+        for label, value in (("dims", dims), ("dtypes", dtypes),
+                             ("sliced", () if sliced is None else sliced)):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise ValueError(f"{label} {value!r}: expected a list or tuple "
+                                 "of names")
+        for label, fn in (("inputs", inputs), ("reference", reference),
+                          ("work", work)):
+            if not callable(fn):
+                raise ValueError(f"{label}: expected a function, got "
+                                 f"{type(fn).__name__}")
+        if output_dtype is not None:
+            try:
+                out = np.dtype(output_dtype)
+            except TypeError:
+                out = None
+            if out is None or out.kind not in NUMERIC_KINDS:
+                raise ValueError(f"output_dtype {output_dtype!r}: expected a "
+                                 "numeric NumPy dtype (bool, integer or float)")
         bad = [d for d in dtypes if d not in DTYPE_BYTES]
         if bad or not dtypes:
             raise ValueError(f"dtypes {list(dtypes)}: expected some of "
@@ -77,7 +103,13 @@ class RegisteredKind(Workload):
         self._output_shape = output_shape
         self._output_dtype = output_dtype
 
+    def _dtype_of(self, task: TaskSpec) -> None:
+        if task.dtype not in self.dtypes:
+            raise ValueError(f"kind {self.kind}: dtype {task.dtype!r} is not "
+                             f"one it supports ({', '.join(self.dtypes)})")
+
     def work(self, task: TaskSpec, rows: int) -> ShardWork:
+        self._dtype_of(task)
         got = dict(self._work(task, rows))
         missing = [k for k in WORK_REQUIRED if k not in got]
         extra = [k for k in got if k not in WORK_REQUIRED + WORK_OPTIONAL]
@@ -103,8 +135,12 @@ class RegisteredKind(Workload):
                          footprint=float(got.get("footprint", moved)))
 
     def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        self._dtype_of(task)
         arrays = dict(self._inputs(task, np.random.default_rng(seed)))
         for name, arr in arrays.items():
+            if not isinstance(name, str) or not INPUT_NAME.fullmatch(name):
+                raise ValueError(f"kind {self.kind}: input name {name!r}: "
+                                 "expected an identifier (letters, digits, _)")
             if not isinstance(arr, np.ndarray):
                 raise ValueError(f"kind {self.kind}: input {name!r} is a "
                                  f"{type(arr).__name__}, expected a NumPy array")
@@ -121,12 +157,37 @@ class RegisteredKind(Workload):
         return {k: (v[lo:hi] if self._cut(k) else v) for k, v in inputs.items()}
 
     def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
-        out = np.asarray(self._reference(task, **shard))
+        """The reference on one shard, given read-only views of its inputs
+        (a reference that wrote into them would change what later shards
+        and the check against the whole task read)."""
+        frozen = {}
+        for k, v in shard.items():
+            view = v.view() if isinstance(v, np.ndarray) else v
+            if isinstance(view, np.ndarray):
+                view.flags.writeable = False
+            frozen[k] = view
+        try:
+            out = np.asarray(self._reference(task, **frozen))
+        except ValueError as exc:
+            if "read-only" not in str(exc):
+                raise
+            raise ValueError(f"kind {self.kind}: the reference writes into its "
+                             f"inputs ({exc}); it must return a new array") \
+                from None
         want = self.output_shape(task, hi - lo)
         if out.shape != want:
             raise ValueError(f"kind {self.kind}: reference gave shape {out.shape} "
                              f"for rows [{lo}, {hi}), expected {want}")
-        return out.astype(self.output_dtype(task), copy=False)
+        dtype = self.output_dtype(task)
+        if dtype.kind in "iu" and out.dtype != dtype and out.size \
+                and out.dtype.kind in "iuf":
+            info = np.iinfo(dtype)
+            low, high = np.nanmin(out), np.nanmax(out)
+            if low < info.min or high > info.max:
+                raise ValueError(f"kind {self.kind}: the reference gave values "
+                                 f"in [{low:g}, {high:g}], outside the output "
+                                 f"dtype {dtype} ([{info.min}, {info.max}])")
+        return out.astype(dtype, copy=False)
 
     def output_shape(self, task: TaskSpec, rows: int) -> tuple[int, ...]:
         """``output_shape(task, rows)`` if given; else, for ``concat``, the
@@ -180,7 +241,12 @@ def kind_payload(task: TaskSpec) -> bytes | None:
     w = WORKLOADS.get(task.kind)
     if not isinstance(w, RegisteredKind):
         return None
-    return cloudpickle.dumps(w)
+    try:
+        return cloudpickle.dumps(w)
+    except Exception as exc:  # a function holding a lock, a file, a socket
+        raise ValueError(f"kind {w.kind}: cannot be sent to a worker process "
+                         f"({type(exc).__name__}: {exc}); its functions must "
+                         "not hold locks, open files or sockets") from None
 
 
 def adopt_kind(payload: bytes | None) -> None:
