@@ -179,12 +179,12 @@ def launch_for(task: TaskSpec, decision: Decision, inputs: dict[str, np.ndarray]
         h, w, _ = task.dims.values()
         args = (read_only(inputs["u"]), read_write(_nan_like((h, w), d)), i32(h),
                 i32(w))
-        return Launch(entry, (GRID_1D,), block, args, lambda out: out[0])
+        return Launch(entry, (grid_1d,), block, args, lambda out: out[0])
     if task.kind == "histogram":
         n, bins = task.dims.values()
         args = (read_only(inputs["x"]), read_write(np.zeros(bins, np.uint32)),
                 i64(n), i32(bins))
-        return Launch(entry, (GRID_1D,), block, args,
+        return Launch(entry, (grid_1d,), block, args,
                       lambda out: out[0].astype(np.int64))
     raise ValueError(f"no launch for kind {task.kind!r}")
 
