@@ -39,6 +39,7 @@ from lib.codegen.nvrtc import (
     find_nvcc,
     nvrtc_version,
     parse_ptxas_usage,
+    ptxas_argv,
 )
 from lib.security import sandbox
 from lib.storage import gpuhive_home
@@ -244,9 +245,8 @@ def ptxas_resources_isolated(ptx: str, arch: int) -> dict[str, dict[str, int]] |
     require_sandbox()
     with tempfile.TemporaryDirectory(prefix="gh_ptxas_") as tmp:
         Path(tmp, "kernel.ptx").write_text(ptx)
-        argv = [nvcc, "-cubin", f"-arch=sm_{arch}", "--resource-usage",
-                f"{sandbox.SCRATCH}/kernel.ptx", "-o",
-                f"{sandbox.SCRATCH}/kernel.cubin"]
+        argv = ptxas_argv(nvcc, f"{sandbox.SCRATCH}/kernel.ptx",
+                          f"{sandbox.SCRATCH}/kernel.cubin", arch)
         result = sandbox.run(argv, scratch=Path(tmp), limits=NVRTC_LIMITS,
                              allow_exec=True, hide=secret_dirs(),
                              expose=runtime_paths())

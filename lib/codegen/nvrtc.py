@@ -190,6 +190,13 @@ def parse_ptxas_usage(text: str) -> dict[str, dict[str, int]]:
     return usage
 
 
+def ptxas_argv(nvcc: str, ptx: str, cubin: str, arch: int) -> list[str]:
+    """The nvcc command that assembles ``ptx`` for ``sm_<arch>`` into
+    ``cubin`` and reports each function's resources."""
+    return [nvcc, "-cubin", f"-arch=sm_{arch}", "--resource-usage", ptx, "-o",
+            cubin]
+
+
 def nvcc_resource_usage(ptx: Path, arch: int) -> dict[str, dict[str, int]]:
     """Assemble the PTX file ``ptx`` for ``sm_<arch>`` with nvcc; its usage.
 
@@ -198,9 +205,7 @@ def nvcc_resource_usage(ptx: Path, arch: int) -> dict[str, dict[str, int]]:
     """
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "out.cubin"
-        cmd = ["nvcc", "-cubin", f"-arch=sm_{arch}", "--resource-usage", str(ptx),
-               "-o", str(cubin)]
-        proc = _run(cmd)
+        proc = _run(ptxas_argv("nvcc", str(ptx), str(cubin), arch))
     if proc.returncode != 0:
         raise CompileError(f"ptxas failed on {ptx} for sm_{arch}:\n{proc.stderr}")
     return parse_ptxas_usage(proc.stdout + proc.stderr)

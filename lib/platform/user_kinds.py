@@ -162,10 +162,8 @@ class RegisteredKind(Workload):
         and the check against the whole task read)."""
         frozen = {}
         for k, v in shard.items():
-            view = v.view() if isinstance(v, np.ndarray) else v
-            if isinstance(view, np.ndarray):
-                view.flags.writeable = False
-            frozen[k] = view
+            frozen[k] = v.view()  # make_inputs checked every input is an array
+            frozen[k].flags.writeable = False
         try:
             out = np.asarray(self._reference(task, **frozen))
         except ValueError as exc:
