@@ -178,11 +178,46 @@ def test_measure_interleaves_rounds_and_shares_identical_decisions(monkeypatch):
     b = decided["proportional-peak"][1].config_hash
     assert a != b and decided["equal-again"][1].config_hash == a
     out = _measure(task, decided, clock, repeats=3, bar=None)
-    # warm-ups a, b; round 0: a, b; round 1 rotated: b, a; round 2: a, b
-    assert clock.calls == [a, b, a, b, b, a, a, b]
-    assert out[a][0] == 3.0          # median of 1, 3, 4
-    assert out[b][0] == 5.0          # median of 2, 5, 6
+    # warm-ups a, b; round 0 in the policies' order; rounds 1, 2 each run
+    # both once, in an order of their own
+    calls = clock.calls
+    assert calls[:4] == [a, b, a, b]
+    assert sorted(calls[4:6]) == sorted(calls[6:8]) == sorted([a, b])
+    seconds = [1.0, 2.0, 5.0, 3.0, 4.0, 6.0]
+    for h in (a, b):
+        mine = [t for c, t in zip(calls[2:], seconds, strict=True) if c == h]
+        assert out[h][0] == sorted(mine)[1]      # the median of its three
     assert set(out) == {a, b}
+
+
+def test_rounds_vary_the_order(monkeypatch):
+    # On a busy core a run is slowed or spared by when it arrives and by
+    # what ran before it: after the first round, each round runs the
+    # distinct decisions in an order of its own (no decision always follows
+    # the same one), the same orders for the same task.
+    monkeypatch.setattr(protocol, "ROUND_SECONDS", 0.0)
+    machine = load_machine("hetero-4")
+    task = task_set("model", "smoke", 0)[0]
+
+    def calls_of():
+        clock = _Clock(machine, [1.0] * 4 * 13)
+        decided = {}
+        for name in ("equal", "proportional-peak", "single-best", "random"):
+            agent = Agent(policy=make_policy(name, 0), machine=machine,
+                          backend=clock)
+            decided[name] = (agent, agent.optimize(task), 1.0)
+        _measure(task, decided, clock, repeats=12, bar=None)
+        keys = list(dict.fromkeys(d.config_hash for _, d, _ in decided.values()))
+        return keys, clock.calls[4:]                 # the rounds
+
+    keys, calls = calls_of()
+    assert len(keys) == 4
+    rounds = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert len(rounds) == 12 and all(sorted(r) == sorted(keys) for r in rounds)
+    assert rounds[0] == keys
+    before = {k: {r[r.index(k) - 1] for r in rounds if r.index(k)} for k in keys}
+    assert all(len(v) >= 2 for v in before.values()), before
+    assert calls_of()[1] == calls                    # reproducible
 
 
 def test_decisions_the_backend_runs_alike_share_their_runs(monkeypatch):
@@ -211,10 +246,14 @@ def test_decisions_the_backend_runs_alike_share_their_runs(monkeypatch):
     decided = {"a": (agent, split, 1.0), "b": (agent, piped, 1.0),
                "c": (agent, other, 1.0)}
     out = _measure(task, decided, clock, repeats=3, bar=None)
-    assert clock.calls == [split.config_hash, other.config_hash] * 2 + \
-        [other.config_hash, split.config_hash, split.config_hash, other.config_hash]
+    calls = clock.calls
+    assert calls[:4] == [split.config_hash, other.config_hash] * 2
+    assert len(calls) == 8 and calls.count(split.config_hash) == 4
     assert out[split.config_hash] == out[piped.config_hash]
-    assert out[split.config_hash][0] == 3.0 and out[other.config_hash][0] == 5.0
+    seconds = [1.0, 2.0, 5.0, 3.0, 4.0, 6.0]
+    for h in (split.config_hash, other.config_hash):
+        mine = [t for c, t in zip(calls[2:], seconds, strict=True) if c == h]
+        assert out[h][0] == sorted(mine)[1]
     # a backend without run_key tells decisions apart by their hash
     assert run_key(object(), task, split) == split.config_hash
 

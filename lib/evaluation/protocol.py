@@ -10,8 +10,10 @@ runs :func:`evaluate` (this module):
    runs on the chosen backend: the ``model`` backend PREDICTS, ``cpu`` (and
    ``cuda``, ``dask``) MEASURE, with warm-ups and repeats (medians). On a
    measured backend the runs of one task are interleaved: every distinct
-   decision of the task is warmed up once, then run once per round, the
-   rounds rotating the order, and policies whose decisions the backend runs
+   decision of the task is warmed up once, then run once per round, each
+   round in an order of its own (so no decision inherits the same
+   neighbour's load, or the same scheduler phase, in every round), and
+   policies whose decisions the backend runs
    the same way share their runs (:func:`_measure`). Drift on a shared
    machine (another user's job starting) then falls on every policy alike,
    and two policies that decided alike get the same figure, not two draws of
@@ -49,6 +51,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -293,6 +296,7 @@ ROUND_SECONDS = 0.05
 MAX_ROUNDS = 25
 
 
+
 def _rounds(repeats: int, slowest: float) -> int:
     """Rounds for a task whose slowest decision took ``slowest`` seconds to
     warm up: the budget's ``repeats``, or more where they are short."""
@@ -313,9 +317,22 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
     measured one the runs are interleaved: one untimed warm-up of each
     distinct decision, then :func:`_rounds` rounds (``repeats``, or more for a
     short task), each running every distinct decision once through its first
-    chooser's agent (so the run feeds the history as any execution does), the
-    order rotated by one each round; the figure is the median of a decision's
-    rounds, shared by every policy whose decision runs the same.
+    chooser's agent (so the run feeds the history as any execution does):
+    the first round in the policies' order, each later one in an order of
+    its own drawn from a generator seeded by the task; the figure is the median of a decision's rounds, shared by every policy
+    whose decision runs the same.
+
+    Why shuffle: a shard on a core another process is using runs either at
+    once or after that process's time slice, depending on when it arrives
+    and on what the core ran just before. Rounds that kept one order (or
+    rotated it, which keeps every decision's neighbour) replayed the same
+    arrivals each round, so one decision could be slowed in every round and
+    another spared in every round: on ``local-cpu`` with two spinning
+    processes, a split within 3 % of equal measured 10 ms in each of its
+    three rounds where the equal split measured 2.2 ms in each. (A random
+    pause before each run would spread the phases too, but it lets idle
+    cores fall asleep, adding about half a millisecond of wake-up to every
+    short run.)
     """
     chooser: dict[Any, tuple[Agent, Any]] = {}
     key_of: dict[str, Any] = {}
@@ -337,9 +354,10 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
             runner.run(task, chooser[key][1])
             slowest = max(slowest, time.perf_counter() - t0)
         rounds = _rounds(repeats, slowest)
+    rng = np.random.default_rng(zlib.crc32(task.describe().encode()))
     for r in range(rounds):
-        shift = r % len(order) if order else 0
-        for key in order[shift:] + order[:shift]:
+        for i in (rng.permutation(len(order)) if r else range(len(order))):
+            key = order[i]
             agent, decision = chooser[key]
             result = agent.execute(task, decision)
             runs[key].append(result.metrics.total_seconds)
