@@ -22,6 +22,7 @@ from typing import Any
 from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import contention_level, effective_snapshot
 from lib.costmodel.history import History
+from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
 from lib.execution import Backend, Result, get_backend
@@ -116,7 +117,11 @@ class Agent:
            runs as on a free one; :func:`~lib.costmodel.contention.effective_snapshot`);
         2. on a device that runs this kind slower than the fastest device,
            against the cost model, that fraction of its capacity
-           (:func:`~lib.costmodel.speed.speed_snapshot`).
+           (:func:`~lib.costmodel.speed.speed_snapshot`);
+        3. on a device that costs a run more than the cheapest device beyond
+           its time on the shard (waking its worker, handing over the job
+           and the result), that cost on a shard of this task's length
+           (:func:`~lib.costmodel.overhead.overhead_snapshot`).
 
         Unchanged without a measured capacity or without such history."""
         snap = self.telemetry
@@ -127,11 +132,15 @@ class Agent:
         lengths = equal_shard_seconds(task, self.machine, params,
                                       [i for i, ok in enumerate(snap.healthy) if ok])
         speeds = history.speeds(task.kind, task.dtype, lengths)
+        raw = snap
         if min(snap.capacity) < 1.0:
             levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
             snap = effective_snapshot(task, self.machine, snap, params,
                                       history.bursts(levels))
-        return speed_snapshot(snap, speeds)
+        snap = speed_snapshot(snap, speeds)
+        return overhead_snapshot(task, self.machine, snap, params,
+                                 list(history.overheads.values()),
+                                 {i: level_of(c) for i, c in enumerate(raw.capacity)})
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:

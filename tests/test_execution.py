@@ -85,6 +85,23 @@ def test_repeats_give_medians(local_cpu):
         str(g) for g in r.metrics.per_device_seconds}
 
 
+def test_each_device_reports_what_its_run_cost_beyond_the_shard(local_cpu):
+    # from just before the job is sent to just after its result is read,
+    # less the worker's own seconds: never negative, and in one timed run
+    # the shard and its overhead fit inside the run's total
+    task = TaskSpec("reduce", {"N": 200_000})
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    with CpuBackend(local_cpu, repeats=1, warmup=0) as b:
+        for _ in range(3):
+            m = b.run(task, d).metrics
+            over, wall = m.per_device_overhead_seconds, m.per_device_seconds
+            assert set(over) == set(wall) == set(d.gpus)
+            assert all(0.0 < over[g] for g in over)
+            assert all(wall[g] + over[g] <= m.total_seconds for g in wall)
+    assert m.to_json()["per_device_overhead_seconds"].keys() == {
+        str(g) for g in wall}
+
+
 def test_failing_worker_names_device_shard_and_hash(local_cpu):
     task = TaskSpec("reduce", {"N": 10_000})
     last = local_cpu.n - 1

@@ -24,6 +24,13 @@ from lib.costmodel.history import (
     robust_rate,
 )
 from lib.costmodel.model import default_params, predict
+from lib.costmodel.overhead import (
+    FREE_BAND,
+    MIN_OVERHEAD_SAMPLES,
+    OVERHEAD_CAP,
+    expected_overhead,
+    overhead_snapshot,
+)
 from lib.execution.base import ExecutionMetrics, Result
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import Snapshot, busy
@@ -373,3 +380,121 @@ def test_cli_shows_what_shards_felt(capsys):
     assert burst["level"] == pytest.approx(2 ** 1.5)   # level 2's octave
     assert 2e-3 <= burst["b"] <= 2.3e-3
     assert burst["rho_inf"] == pytest.approx(1.0, abs=0.15)
+
+
+# --------------------------------------------------------------------------
+# What a device costs a run beyond its time on the shard
+
+FREE = Snapshot("local-cpu", (0.0, 0.0), (1.0, 1.0), (True, True),
+                measured=True, capacity=(1.0, 1.0))
+
+
+def _overhead_run(over: dict[int, float], task: TaskSpec = TASK) -> tuple:
+    devices = sorted(over)
+    task, dec, result = _run({d: 0.001 for d in devices}, devices,
+                             [1.0] * len(devices), task=task)
+    metrics = replace(result.metrics, per_device_overhead_seconds=dict(over))
+    return task, dec, replace(result, metrics=metrics)
+
+
+def test_overheads_are_kept_per_device_and_contention_and_round_trip(home):
+    h = History("box")
+    h.update(*_overhead_run({0: 4e-4, 1: 3e-4}), FREE)
+    h.update(*_overhead_run({0: 9e-3}), LOADED)          # beside two spinners
+    h.update(*_overhead_run({0: 5.0}), LOADED)           # a stalled run: capped
+    h.update(*_overhead_run({0: 1e-3}))                  # no telemetry: no level
+    assert sorted(h.overheads) == [(0, FREE_BAND), (0, 1), (1, FREE_BAND)]
+    assert h.overheads[(0, FREE_BAND)].samples == [(4e-4, 0.0)]
+    assert h.overheads[(0, 1)].samples == [(9e-3, pytest.approx(2.0)),
+                                           (OVERHEAD_CAP, pytest.approx(2.0))]
+    h.save()
+    again = History.load("box")
+    assert again.overheads == h.overheads
+
+
+def test_expected_overhead_is_the_mean_at_a_like_level():
+    h = History("box")
+    for _ in range(MIN_OVERHEAD_SAMPLES - 1):
+        h.update(*_overhead_run({0: 4e-4}), LOADED)
+        h.update(*_overhead_run({0: 2e-4}), FREE)
+    kept = list(h.overheads.values())
+    assert expected_overhead(kept, 0, 2.0) is None        # one sample short
+    h.update(*_overhead_run({0: 4e-3}), LOADED)            # a long wait
+    h.update(*_overhead_run({0: 2e-4}), FREE)
+    kept = list(h.overheads.values())
+    n = MIN_OVERHEAD_SAMPLES
+    assert expected_overhead(kept, 0, 2.0) == pytest.approx(((n - 1) * 4e-4 + 4e-3) / n)
+    assert expected_overhead(kept, 0, 0.0) == pytest.approx(2e-4)   # free: apart
+    assert expected_overhead(kept, 0, 8.0) is None         # no like level
+    assert expected_overhead(kept, 1, 0.0) is None         # another device
+
+
+def test_overhead_snapshot_slows_a_dearer_device_for_short_shards_only():
+    machine = load_machine("local-cpu")
+    params = default_params()
+    h = History("local-cpu")
+    for _ in range(MIN_OVERHEAD_SAMPLES):
+        h.update(*_overhead_run({0: 5e-4, 1: 3e-4}), FREE)
+    kept = list(h.overheads.values())
+    n = machine.n
+    free = Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
+                    measured=True, capacity=(1.0,) * n)
+    short = TaskSpec("elementwise", {"N": 20_000})
+    long = TaskSpec("elementwise", {"N": 1 << 26})
+    seen_short = overhead_snapshot(short, machine, free, params, kept)
+    seen_long = overhead_snapshot(long, machine, free, params, kept)
+    equal = decision_from_weights(short, list(range(n)), [1.0] * n)
+    length = predict(short, equal, machine, None, params).devices[0].total
+    assert seen_short.capacity[0] == pytest.approx(length / (length + 2e-4))
+    assert seen_short.capacity[0] < 0.9
+    assert 0.99 < seen_long.capacity[0] < 1.0
+    assert seen_short.capacity[1:] == free.capacity[1:]      # the cheapest keeps
+    assert "overhead" in seen_short.capacity_provenance[0]
+    # nothing to fold: no history, one device known, or no snapshot capacity
+    assert overhead_snapshot(short, machine, free, params, []) is free
+    one = History("local-cpu")
+    for _ in range(MIN_OVERHEAD_SAMPLES):
+        one.update(*_overhead_run({0: 5e-4}), FREE)
+    assert overhead_snapshot(short, machine, free, params,
+                             list(one.overheads.values())) is free
+    assert overhead_snapshot(short, machine, busy(machine, [0.5] + [0.0] * (n - 1)),
+                             params, kept).capacity is None
+
+
+def test_the_runtime_shows_the_policy_a_dearer_device(home):
+    from lib.policies.registry import make_policy
+    from lib.runtime import Agent
+    machine = load_machine("local-cpu")
+    h = History("local-cpu")
+    for _ in range(MIN_OVERHEAD_SAMPLES):
+        h.update(*_overhead_run({0: 8e-4, 1: 3e-4}), FREE)
+    h.save()
+    n = machine.n
+    free = Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
+                    measured=True, capacity=(1.0,) * n)
+    agent = Agent(policy=make_policy("equal", 0), machine=machine, backend="model",
+                  telemetry=free)
+    seen = agent.seen_by_policy(TaskSpec("reduce", {"N": 10_000}))
+    assert seen.capacity[0] < 0.5 and seen.capacity[1] == 1.0
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"device": 0, "band": -99, "runs": 1, "samples": [[-1e-4, 0.0]]}, "band -99"),
+    ({"device": 0, "band": -99, "runs": 1, "samples": [[1e-4, 2.0]]}, "band -99"),
+    ({"device": 0, "band": 1, "runs": 0, "samples": [[1e-4, 2.0]]}, "runs 0"),
+    ({"device": "0", "band": 1, "runs": 1, "samples": [[1e-4, 2.0]]}, "device '0'"),
+    ({"device": 0, "band": 1, "runs": 1, "samples": []}, "no samples"),
+])
+def test_malformed_overhead_entry_is_refused_in_one_line(home, entry, says):
+    h = History("box")
+    h.update(*_overhead_run({0: 4e-4}), FREE)
+    obj = h.to_json()
+    obj["overheads"] = [entry]
+    path = history_path("box")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    with pytest.raises(HistoryError) as err:
+        History.load("box")
+    msg = str(err.value)
+    assert "overhead entry 0" in msg and says in msg and "\n" not in msg
+    assert json.loads(path.read_text())["overheads"] == [entry]   # left as it was

@@ -27,7 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "devices it ran with, against the cost model (1: as the "
                     "model says, next to them); a device slower than the "
                     "fastest by more than 15 % is shown to the policy with that "
-                    "fraction of its capacity.")
+                    "fraction of its capacity; and, per device and contention, "
+                    "what a run cost the device beyond its time on the shard "
+                    "(waking its worker, handing over the job and the result), "
+                    "which the runtime adds to a short shard on a device dearer "
+                    "than the cheapest.")
     add_machine(p, default=LOCAL_MACHINE)
     add_json(p)
     p.set_defaults(run=run)
@@ -58,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the learned figures; exit 0 (an empty history is not an error)."""
     from lib.costmodel.contention import METHOD_FELT
     from lib.costmodel.history import METHOD, History
+    from lib.costmodel.overhead import FREE_BAND, METHOD_OVERHEAD
     from lib.costmodel.speed import METHOD_SPEED
 
     history = History.load(args.machine)
@@ -108,6 +113,20 @@ def run(args: argparse.Namespace) -> int:
                              f"{_span(sp.octave):>20} {g:>6} "
                              f"{len(sp.samples):>7} {sp.runs:>5}")
             lines.append(f"  method: {METHOD_SPEED}")
+        if history.overheads:
+            lines += ["", "overhead beyond the shard (MEASURED)",
+                      f"  {'device':>6} {'contention':>22} {'mean':>9} "
+                      f"{'median':>9} {'samples':>7} {'runs':>5}"]
+            for key in sorted(history.overheads):
+                o = history.overheads[key]
+                values = sorted(v for v, _ in o.samples)
+                where = "free" if o.band == FREE_BAND \
+                    else _band(2.0 ** (o.band + 0.5)).strip()
+                lines.append(f"  {o.device:>6} {where:>22} "
+                             f"{fmt_seconds(sum(values) / len(values)):>9} "
+                             f"{fmt_seconds(values[len(values) // 2]):>9} "
+                             f"{len(values):>7} {o.runs:>5}")
+            lines.append(f"  method: {METHOD_OVERHEAD}")
         text = "\n".join(lines)
     emit(args, obj, text)
     return 0

@@ -249,6 +249,15 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
 
 
+def equal_split_seconds(task: TaskSpec, machine: Machine, params: CostParams,
+                        devices: Sequence[int]) -> dict[int, float]:
+    """Each of ``devices``' seconds on its shard of an equal split over them
+    (Eq. (1), no contention): the length a shard of ``task`` is judged at."""
+    equal = decision_from_weights(task, list(devices), [1.0] * len(devices))
+    return {d.device: d.total for d in predict(task, equal, machine, None,
+                                               params).devices}
+
+
 def effective_snapshot(task: TaskSpec, machine: Machine, snapshot: Snapshot | None,
                        params: CostParams, bursts: Mapping[int, Burst]
                        ) -> Snapshot | None:
@@ -273,9 +282,7 @@ def effective_snapshot(task: TaskSpec, machine: Machine, snapshot: Snapshot | No
     if not contended:
         return snapshot
     usable = [i for i in range(machine.n) if snapshot.healthy[i]]
-    equal = decision_from_weights(task, usable, [1.0] * len(usable))
-    lengths = {d.device: d.total for d in predict(task, equal, machine, None,
-                                                  params).devices}
+    lengths = equal_split_seconds(task, machine, params, usable)
     capacity = list(snapshot.capacity)
     provenance = list(snapshot.capacity_provenance or [""] * machine.n)
     changed = False

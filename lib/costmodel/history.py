@@ -29,7 +29,9 @@ naming it, and never overwritten.
 
 The history also keeps, per device and length of shard, how much of the
 contention on a busy device its shards felt (:mod:`lib.costmodel.contention`
-says what that is and fits a burst to it; :meth:`History.burst`).
+says what that is and fits a burst to it; :meth:`History.burst`), and per
+device and band of contention what the device cost a run beyond its time on
+the shard (:mod:`lib.costmodel.overhead`; :attr:`History.overheads`).
 
 PREDICTED runs (the model backend) teach nothing: :meth:`History.update`
 refuses them. Caveat: the per-device seconds are what the backend measured for
@@ -64,6 +66,13 @@ from lib.costmodel.contention import (
     similar_level,
 )
 from lib.costmodel.model import CostParams
+from lib.costmodel.overhead import (
+    METHOD_OVERHEAD,
+    Overheads,
+    level_of,
+    overhead_band,
+    read_overheads,
+)
 from lib.costmodel.parameters import CalibrationError
 from lib.costmodel.speed import (
     METHOD_SPEED,
@@ -169,12 +178,14 @@ class History:
     def __init__(self, machine: str,
                  figures: Mapping[tuple[str, str, int], Figure] | None = None,
                  felt: Mapping[tuple[int, int], Felt] | None = None,
-                 speeds: Mapping[tuple[str, str, int, int], Speed] | None = None):
+                 speeds: Mapping[tuple[str, str, int, int], Speed] | None = None,
+                 overheads: Mapping[tuple[int, int], Overheads] | None = None):
         self.machine = machine
         file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
         self.felt: dict[tuple[int, int], Felt] = dict(felt or {})
         self.speeds_kept: dict[tuple[str, str, int, int], Speed] = dict(speeds or {})
+        self.overheads: dict[tuple[int, int], Overheads] = dict(overheads or {})
 
     @property
     def path(self) -> Path:
@@ -354,6 +365,13 @@ class History:
                 octave = math.floor(math.log2(cpu))
                 self.felt.setdefault((int(dev), octave), Felt(int(dev), octave)
                                      ).add(cpu, rho, contention_level(cap))
+            extra = metrics.per_device_overhead_seconds.get(dev)
+            if extra is not None and math.isfinite(extra) and snapshot is not None \
+                    and snapshot.capacity is not None:
+                level = level_of(cap)
+                self.overheads.setdefault(
+                    (int(dev), overhead_band(level)),
+                    Overheads(int(dev), overhead_band(level))).add(extra, level)
             work = w.work(task, hi - lo)
             everyone_free &= cap >= CONTENDED_CAPACITY
             measured[int(dev)] = float(seconds)
@@ -381,7 +399,10 @@ class History:
                 "felt": [self.felt[k].to_json() for k in sorted(self.felt)],
                 "method_speed": METHOD_SPEED,
                 "speeds": [self.speeds_kept[k].to_json()
-                           for k in sorted(self.speeds_kept)]}
+                           for k in sorted(self.speeds_kept)],
+                "method_overhead": METHOD_OVERHEAD,
+                "overheads": [self.overheads[k].to_json()
+                              for k in sorted(self.overheads)]}
 
     def save(self) -> Path:
         """Write atomically to ``<home>/history/<machine>.json``.
@@ -410,11 +431,12 @@ _PEEKED: dict[tuple[str, str, str], History] = {}
 
 def _read(path: Path, machine: str, data: bytes | None = None
           ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt],
-                     dict[tuple[str, str, int, int], Speed]]:
-    """Parse a history file into its figures, what shards felt and the speed
-    points (the last two absent in a file written before the history kept
-    them: none); :class:`HistoryError` in one line if malformed. ``data``:
-    the file's bytes, already read."""
+                     dict[tuple[str, str, int, int], Speed],
+                     dict[tuple[int, int], Overheads]]:
+    """Parse a history file into its figures, what shards felt, the speed
+    points and the overheads (the last three absent in a file written before
+    the history kept them: none); :class:`HistoryError` in one line if
+    malformed. ``data``: the file's bytes, already read."""
     def bad(what: str) -> HistoryError:
         return HistoryError(f"{path}: malformed history ({what}); not used and "
                             "not overwritten: move it aside")
@@ -448,24 +470,22 @@ def _read(path: Path, machine: str, data: bytes | None = None
             raise bad(f"figure {i}: {exc}") from None
         fig.rate, fig.log_scale = robust_rate(fig.samples)
         out[(fig.kind, fig.dtype, fig.device)] = fig
-    felt_list = obj.get("felt", [])
-    if not isinstance(felt_list, list):
-        raise bad("'felt' is not a list")
-    felt: dict[tuple[int, int], Felt] = {}
-    for i, f in enumerate(felt_list):
-        try:
-            entry = read_felt(f)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"felt entry {i}: {exc}") from None
-        felt[(entry.device, entry.octave)] = entry
-    speed_list = obj.get("speeds", [])
-    if not isinstance(speed_list, list):
-        raise bad("'speeds' is not a list")
-    speeds: dict[tuple[str, str, int, int], Speed] = {}
-    for i, f in enumerate(speed_list):
-        try:
-            sp = read_speed(f)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"speed entry {i}: {exc}") from None
-        speeds[(sp.kind, sp.dtype, sp.device, sp.octave)] = sp
-    return out, felt, speeds
+    def entries(name: str, what: str, reader: Any) -> list[Any]:
+        """The ``name`` list of the file read by ``reader`` (absent: none)."""
+        items = obj.get(name, [])
+        if not isinstance(items, list):
+            raise bad(f"'{name}' is not a list")
+        read = []
+        for i, f in enumerate(items):
+            try:
+                read.append(reader(f))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise bad(f"{what} entry {i}: {exc}") from None
+        return read
+
+    felt = {(e.device, e.octave): e for e in entries("felt", "felt", read_felt)}
+    speeds = {(e.kind, e.dtype, e.device, e.octave): e
+              for e in entries("speeds", "speed", read_speed)}
+    overheads = {(e.device, e.band): e
+                 for e in entries("overheads", "overhead", read_overheads)}
+    return out, felt, speeds, overheads

@@ -319,8 +319,9 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
     short task), each running every distinct decision once through its first
     chooser's agent (so the run feeds the history as any execution does):
     the first round in the policies' order, each later one in an order of
-    its own drawn from a generator seeded by the task; the figure is the median of a decision's rounds, shared by every policy
-    whose decision runs the same.
+    its own drawn from a generator seeded by the task; the figure is the
+    median of a decision's rounds, shared by every policy whose decision
+    runs the same.
 
     Why shuffle: a shard on a core another process is using runs either at
     once or after that process's time slice, depending on when it arrives

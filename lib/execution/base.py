@@ -60,6 +60,10 @@ class ExecutionMetrics:
         per_device_cpu_seconds: device index -> CPU seconds its worker spent
             on its shard (the cpu backend; empty elsewhere). Over
             ``per_device_seconds`` it is the share of the core the shard got.
+        per_device_overhead_seconds: device index -> seconds from the job's
+            dispatch to its result's arrival that were not the device's own
+            time on the shard: waking its worker, handing the job over and
+            the result back (the cpu backend; empty elsewhere).
     """
 
     backend: str
@@ -70,6 +74,7 @@ class ExecutionMetrics:
     max_abs_error: float | None = None
     repeats: int = 1
     per_device_cpu_seconds: dict[int, float] = field(default_factory=dict)
+    per_device_overhead_seconds: dict[int, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -84,7 +89,9 @@ class ExecutionMetrics:
                 "total_seconds": self.total_seconds, "verified": self.verified,
                 "max_abs_error": self.max_abs_error, "repeats": self.repeats,
                 "per_device_cpu_seconds": {str(k): v for k, v in
-                                           self.per_device_cpu_seconds.items()}}
+                                           self.per_device_cpu_seconds.items()},
+                "per_device_overhead_seconds": {
+                    str(k): v for k, v in self.per_device_overhead_seconds.items()}}
 
 
 @dataclass

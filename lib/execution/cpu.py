@@ -370,12 +370,14 @@ class CpuBackend:
             reserve(out_desc[0])
 
             cpu_runs: list[dict[int, float]] = []
+            overhead_runs: list[dict[int, float]] = []
 
             def once():
                 start = time.perf_counter()
-                times, cpu = self._dispatch(task, decision, bounds, active, descs,
-                                            out_desc)
+                times, cpu, overhead = self._dispatch(task, decision, bounds,
+                                                      active, descs, out_desc)
                 cpu_runs.append(cpu)
+                overhead_runs.append(overhead)
                 if task.merge == "sum":
                     merged = w.merge(task, [out[p] for p in active])
                 # Concat shards already sit in place in the host buffer: the
@@ -389,6 +391,7 @@ class CpuBackend:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         timed_cpu = cpu_runs[self.warmup:]  # as repeat_timed: warm-ups first
+        timed_overhead = overhead_runs[self.warmup:]
         ok, err = None, None
         if verify:
             ok, err = verify_output(task, result, w.reference(task, inputs))
@@ -398,7 +401,10 @@ class CpuBackend:
             total_seconds=statistics.median(totals), verified=ok, max_abs_error=err,
             repeats=self.repeats,
             per_device_cpu_seconds={g: statistics.median(c[g] for c in timed_cpu)
-                                    for g in per_dev})
+                                    for g in per_dev},
+            per_device_overhead_seconds={
+                g: statistics.median(o[g] for o in timed_overhead)
+                for g in per_dev})
         return Result(output=result, metrics=metrics, task=task, decision=decision,
                       detail={"all_totals": totals})
 
@@ -414,8 +420,11 @@ class CpuBackend:
 
     def _dispatch(self, task, decision, bounds, active, descs, out_desc):
         """Send one job per active shard and wait for all; return each device's
-        seconds on its shard and the CPU seconds its worker spent on it."""
+        seconds on its shard, the CPU seconds its worker spent on it and the
+        seconds of the job's round trip that were not the worker's (from
+        just before the job is sent to just after the result is read)."""
         pending: dict[int, int] = {}
+        sent: dict[int, float] = {}
         task_json = task.to_json()
         kind = kind_payload(task)  # a registered kind travels with its jobs
         for pos in active:
@@ -426,6 +435,7 @@ class CpuBackend:
                    "lo": lo, "hi": hi,
                    "pos": pos, "inputs": descs, "out": out_desc,
                    "fault": dev in self.fault_devices}
+            sent[dev] = time.perf_counter()
             try:
                 self._conns[dev].send(job)
             except (OSError, BrokenPipeError):
@@ -433,6 +443,7 @@ class CpuBackend:
             pending[dev] = pos
         times: dict[int, float] = {}
         cpu: dict[int, float] = {}
+        overhead: dict[int, float] = {}
         deadline = time.monotonic() + self.timeout
         while pending:
             ready = connection.wait([self._conns[d] for d in pending], timeout=0.2)
@@ -446,6 +457,7 @@ class CpuBackend:
                 if msg[0] != "ok":
                     self._fail(task, decision, bounds, pos, msg[2])
                 times[dev], cpu[dev] = msg[3], msg[4]
+                overhead[dev] = max(0.0, time.perf_counter() - sent[dev] - msg[3])
             for dev, pos in list(pending.items()):
                 proc = self.workers[dev]
                 if not proc.is_alive():
@@ -455,7 +467,7 @@ class CpuBackend:
                 dev, pos = next(iter(pending.items()))
                 self._fail(task, decision, bounds, pos,
                            f"no answer within {self.timeout:.0f} s")
-        return times, cpu
+        return times, cpu, overhead
 
     def _fail(self, task, decision, bounds, pos, reason):
         """Tear the pool down (its state is unknown) and raise DeviceError."""
