@@ -157,9 +157,9 @@ class _Clock:
 
 def test_short_tasks_get_more_rounds_within_their_time():
     assert _rounds(3, 0.2) == 3                 # long: the budget's repeats
-    assert _rounds(3, 0.01) == 5                # 0.05 s of 10 ms runs
+    assert _rounds(3, 0.05) == 5                # 0.25 s of 50 ms runs
     assert _rounds(3, 0.0005) == MAX_ROUNDS     # capped
-    assert _rounds(1, 0.02) == 2 and _rounds(5, 0.02) == 5
+    assert _rounds(1, 0.1) == 2 and _rounds(5, 0.1) == 5
 
 
 def test_measure_interleaves_rounds_and_shares_identical_decisions(monkeypatch):

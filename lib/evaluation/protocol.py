@@ -290,11 +290,14 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
 
 
 #: Seconds of a task's slowest decision that its rounds may take together on a
-#: measured backend (a 1 ms task gets 25 rounds, a 10 ms one 5, a 100 ms one
-#: the budget's repeats), and the most rounds a task gets.
-ROUND_SECONDS = 0.05
+#: measured backend (a task of up to 10 ms gets 25 rounds, a 50 ms one 5, a
+#: 100 ms one the budget's repeats), and the most rounds a task gets. A task
+#: of a few milliseconds with a shard on a busy core is a lottery, its shard
+#: started at once or after another process's time slice; three rounds made
+#: its median a coin toss (the same split measured 2.1 ms in one round and
+#: 6 ms in the next two), twenty-five see the odds.
+ROUND_SECONDS = 0.25
 MAX_ROUNDS = 25
-
 
 
 def _rounds(repeats: int, slowest: float) -> int:
