@@ -294,8 +294,8 @@ def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
 #: 100 ms one the budget's repeats), and the most rounds a task gets. A task
 #: of a few milliseconds with a shard on a busy core is a lottery, its shard
 #: started at once or after another process's time slice; three rounds made
-#: its median a coin toss (the same split measured 2.1 ms in one round and
-#: 6 ms in the next two), twenty-five see the odds.
+#: its median a coin toss (one split measured 2.9, 6.1 and 6.6 ms in its three
+#: rounds, a near-identical one 2.2, 2.1 and 6.5 ms), twenty-five see the odds.
 ROUND_SECONDS = 0.25
 MAX_ROUNDS = 25
 
@@ -333,7 +333,7 @@ def _measure(task: TaskSpec, decided: dict[str, tuple[Agent, Any, float]],
     arrivals each round, so one decision could be slowed in every round and
     another spared in every round: on ``local-cpu`` with two spinning
     processes, a split within 3 % of equal measured 10 ms in each of its
-    three rounds where the equal split measured 2.2 ms in each. (A random
+    three rounds where the equal split measured 2.4 ms in each. (A random
     pause before each run would spread the phases too, but it lets idle
     cores fall asleep, adding about half a millisecond of wake-up to every
     short run.)
