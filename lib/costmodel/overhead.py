@@ -17,7 +17,7 @@ band of contention (:class:`Overheads`; a free device's apart from a busy
 one's, so a flood of idle runs does not push out what a busy core did), each
 with the contention level it was taken at. :func:`expected_overhead` is the
 *mean* of a device's samples taken at a level like the present one
-(:func:`~lib.costmodel.contention.similar_level`; free with free): a runtime
+(as :func:`~lib.costmodel.contention.similar_level` has it; free with free): a runtime
 pays the occasional long wait as often as it comes, and the median would not
 see it.
 
@@ -37,12 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from lib.contract import TaskSpec
 from lib.costmodel.contention import (
     CONTENDED_CAPACITY,
+    LEVEL_REACH,
     contention_level,
     equal_split_seconds,
-    similar_level,
 )
 from lib.costmodel.model import CostParams
 from lib.platform.machines import Machine
@@ -96,11 +98,22 @@ class Overheads:
     band: int
     samples: list[tuple[float, float]] = field(default_factory=list)
     runs: int = 0
+    _arrays: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False)
 
     def add(self, seconds: float, level: float) -> None:
         sample = (min(OVERHEAD_CAP, max(0.0, float(seconds))), float(level))
         self.samples = (self.samples + [sample])[-OVERHEAD_WINDOW:]
         self.runs += 1
+        self._arrays = None
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The samples' seconds and levels as arrays (kept until the next
+        :meth:`add`: every decision reads them)."""
+        if self._arrays is None:
+            values = np.array(self.samples, float).reshape(-1, 2)
+            self._arrays = (values[:, 0], values[:, 1])
+        return self._arrays
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "band": self.band, "runs": self.runs,
@@ -135,11 +148,21 @@ def expected_overhead(kept: Sequence[Overheads], device: int, level: float
     """The mean overhead of ``device`` over its samples in ``kept`` taken at
     a contention level like ``level``; None below
     :data:`MIN_OVERHEAD_SAMPLES` of them."""
-    values = [s for o in kept if o.device == device
-              for s, taken in o.samples if similar_level(taken, level)]
-    if len(values) < MIN_OVERHEAD_SAMPLES:
+    total, count = 0.0, 0
+    for o in kept:
+        if o.device != device:
+            continue
+        seconds, taken = o.arrays()
+        if level <= 0.0:        # as similar_level: free only with free
+            like = taken == level
+        else:
+            ratio = taken / level
+            like = (taken > 0.0) & (ratio >= 1.0 / LEVEL_REACH) & (ratio <= LEVEL_REACH)
+        total += float(seconds[like].sum())
+        count += int(like.sum())
+    if count < MIN_OVERHEAD_SAMPLES:
         return None
-    return sum(values) / len(values)
+    return total / count
 
 
 def overhead_snapshot(task: TaskSpec, machine: Machine, snapshot: Snapshot | None,
