@@ -498,3 +498,17 @@ def test_malformed_overhead_entry_is_refused_in_one_line(home, entry, says):
     msg = str(err.value)
     assert "overhead entry 0" in msg and says in msg and "\n" not in msg
     assert json.loads(path.read_text())["overheads"] == [entry]   # left as it was
+
+
+def test_cli_shows_the_overheads(capsys):
+    h = History("box")
+    for seconds in (3e-4, 4e-4, 5e-4, 2e-3):
+        h.update(*_overhead_run({0: seconds}), LOADED)
+    h.save()
+    assert history_cli.run(_cli(["--machine", "box"])) == 0
+    text = capsys.readouterr().out
+    assert "overhead beyond the shard (MEASURED)" in text
+    row = next(line for line in text.splitlines()
+               if line.strip().startswith("0 beside capacity"))
+    # mean 0.8 ms, median 0.45 ms, four samples, four runs
+    assert row.split()[-6:] == ["800", "us", "450", "us", "4", "4"]

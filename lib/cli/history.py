@@ -119,13 +119,12 @@ def run(args: argparse.Namespace) -> int:
                       f"{'median':>9} {'samples':>7} {'runs':>5}"]
             for key in sorted(history.overheads):
                 o = history.overheads[key]
-                values = sorted(v for v, _ in o.samples)
+                mean, median = o.summary()
                 where = "free" if o.band == FREE_BAND \
                     else _band(2.0 ** (o.band + 0.5)).strip()
                 lines.append(f"  {o.device:>6} {where:>22} "
-                             f"{fmt_seconds(sum(values) / len(values)):>9} "
-                             f"{fmt_seconds(values[len(values) // 2]):>9} "
-                             f"{len(values):>7} {o.runs:>5}")
+                             f"{fmt_seconds(mean):>9} {fmt_seconds(median):>9} "
+                             f"{len(o.samples):>7} {o.runs:>5}")
             lines.append(f"  method: {METHOD_OVERHEAD}")
         text = "\n".join(lines)
     emit(args, obj, text)

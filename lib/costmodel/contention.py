@@ -252,7 +252,10 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 def equal_split_seconds(task: TaskSpec, machine: Machine, params: CostParams,
                         devices: Sequence[int]) -> dict[int, float]:
     """Each of ``devices``' seconds on its shard of an equal split over them
-    (Eq. (1), no contention): the length a shard of ``task`` is judged at."""
+    (Eq. (1) whole, latencies included, no contention): the length a shard of
+    ``task`` is judged at here and in :mod:`lib.costmodel.overhead`. (The
+    speeds are looked up at the compute part alone,
+    :func:`lib.costmodel.speed.equal_shard_seconds`.)"""
     equal = decision_from_weights(task, list(devices), [1.0] * len(devices))
     return {d.device: d.total for d in predict(task, equal, machine, None,
                                                params).devices}

@@ -115,6 +115,12 @@ class Overheads:
             self._arrays = (values[:, 0], values[:, 1])
         return self._arrays
 
+    def summary(self) -> tuple[float, float]:
+        """(mean, median) seconds of the samples, as ``gpuhive history`` and
+        the evaluation chapter show them."""
+        seconds, _ = self.arrays()
+        return float(seconds.mean()), float(np.median(seconds))
+
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "band": self.band, "runs": self.runs,
                 "samples": [list(s) for s in self.samples], "label": "MEASURED"}
