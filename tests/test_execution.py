@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -100,6 +101,34 @@ def test_each_device_reports_what_its_run_cost_beyond_the_shard(local_cpu):
             assert all(wall[g] + over[g] <= m.total_seconds for g in wall)
     assert m.to_json()["per_device_overhead_seconds"].keys() == {
         str(g) for g in wall}
+
+
+def _mapped_runs(pid: int) -> list[str]:
+    """The run buffers (``gpuhive-<pid>-...`` folders) a process has mapped."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [line.split()[-2] if line.rstrip().endswith("(deleted)")
+                else line.split()[-1] for line in f if "/gpuhive-" in line]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_workers_keep_a_runs_buffers_mapped_until_it_ends(local_cpu):
+    # a worker maps the run's buffers with its first job and keeps them for
+    # the run's repeats; the run's end unmaps them, and the next run (other
+    # buffers, other shapes) computes from its own
+    small, large = TaskSpec("stencil", {"H": 64, "W": 33, "T": 2}), \
+        TaskSpec("stencil", {"H": 150, "W": 40, "T": 3})
+    with CpuBackend(local_cpu, repeats=4, warmup=1) as b:
+        for task in (small, large, small):
+            d = EqualSplit().decide(task, local_cpu).with_hash(task)
+            r = b.run(task, d, verify=True)
+            assert r.metrics.verified, r.metrics.max_abs_error
+            left = {pid: _mapped_runs(pid) for pid in b.worker_pids()}
+            for _ in range(200):  # the release message is not waited for
+                if not any(left.values()):
+                    break
+                time.sleep(0.01)
+                left = {pid: _mapped_runs(pid) for pid in b.worker_pids()}
+            assert not any(left.values()), left
 
 
 def test_failing_worker_names_device_shard_and_hash(local_cpu):

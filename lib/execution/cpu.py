@@ -2,7 +2,8 @@
 
 One worker process per device, pinned to its own core, single-threaded BLAS.
 For a run the parent writes the inputs once into files in shared memory
-(``/dev/shm`` where it exists); each worker maps them, computes its shard with
+(``/dev/shm`` where it exists); each worker maps them once for the run's
+repeats (:func:`_open_run`), computes its shard with
 NumPy (the same :meth:`lib.platform.workloads.Workload.compute` the reference uses) and
 writes its rows, or its partial sum, straight into a shared output buffer.
 Arrays never travel as pickles; the messages carry paths, shapes and row ranges.
@@ -155,6 +156,7 @@ def _worker_main(conn: connection.Connection, core: int | None,
             os.sched_setaffinity(0, {core})
         except OSError:
             pass
+    run: dict[str, Any] = {}  # the current run's task and mapped buffers
     while True:
         try:
             job = conn.recv()
@@ -162,31 +164,57 @@ def _worker_main(conn: connection.Connection, core: int | None,
             return
         if job is None:
             return
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        if job.get("release"):  # the run is over: unmap its buffers
+            run.clear()
+            continue
         try:
-            if job.get("fault"):
-                raise RuntimeError("injected fault")
-            adopt_kind(job.get("kind"))
-            task = TaskSpec.from_json(job["task"])
-            w = workload(task)
-            lo, hi = job["lo"], job["hi"]
-            inputs = {k: _open(v, "r") for k, v in job["inputs"].items()}
-            shard = w.shard_inputs(task, inputs, lo, hi)
-            t0 = time.perf_counter()
-            part = w.compute(task, shard, lo, hi)
-            t_compute = time.perf_counter() - t0
-            out = _open(job["out"], "r+")
-            if task.merge == "concat":
-                out[lo:hi] = part
-            else:
-                out[job["pos"]] = part
-            if isinstance(out, np.memmap):
-                out.flush()
-            del out, inputs, shard
-            conn.send(("ok", job["id"], t_compute, time.perf_counter() - start,
-                       time.thread_time() - cpu_start))
+            conn.send(_do_job(run, job))
         except BaseException as exc:  # report, never die silently
+            run.clear()
             conn.send(("error", job["id"], f"{type(exc).__name__}: {exc}"))
+        if job.get("last"):  # unmapped after the reply: off the run's clock
+            run.clear()
+
+
+def _do_job(run: dict[str, Any], job: dict[str, Any]) -> tuple:
+    """Compute one shard into the run's output; the ``ok`` message with the
+    shard's compute, wall and CPU seconds. ``run`` keeps what the run's
+    other jobs reuse (:func:`_open_run`); nothing else outlives the job."""
+    start, cpu_start = time.perf_counter(), time.thread_time()
+    if job.get("fault"):
+        raise RuntimeError("injected fault")
+    if run.get("out_desc") != job["out"]:
+        run.clear()
+        run.update(_open_run(job))
+    task, w = run["task"], run["workload"]
+    lo, hi = job["lo"], job["hi"]
+    shard = w.shard_inputs(task, run["inputs"], lo, hi)
+    t0 = time.perf_counter()
+    part = w.compute(task, shard, lo, hi)
+    t_compute = time.perf_counter() - t0
+    out = run["out"]
+    if task.merge == "concat":
+        out[lo:hi] = part
+    else:
+        out[job["pos"]] = part
+    if isinstance(out, np.memmap):
+        out.flush()
+    return ("ok", job["id"], t_compute, time.perf_counter() - start,
+            time.thread_time() - cpu_start)
+
+
+def _open_run(job: dict[str, Any]) -> dict[str, Any]:
+    """What a worker keeps for the length of one run: the parsed task, its
+    workload and its buffers mapped once. A run's repeats then pay only for
+    their shard, as a GPU runtime's launches reuse buffers it allocated once;
+    mapping three files afresh for every job took more than half of a small
+    job's time. The parent ends each run with a ``release`` message, after
+    which nothing of the run stays mapped."""
+    adopt_kind(job.get("kind"))
+    task = TaskSpec.from_json(job["task"])
+    return {"out_desc": job["out"], "task": task, "workload": workload(task),
+            "inputs": {k: _open(v, "r") for k, v in job["inputs"].items()},
+            "out": _open(job["out"], "r+")}
 
 
 def shm_root() -> str:
@@ -321,6 +349,15 @@ class CpuBackend:
             conn.close()
         self.workers, self._conns = [], []
 
+    def _release(self) -> None:
+        """Tell each worker the run is over, so it unmaps the run's buffers
+        (a worker that is gone has nothing mapped)."""
+        for conn in self._conns:
+            try:
+                conn.send({"release": True})
+            except (OSError, BrokenPipeError):
+                pass
+
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (telemetry counts them as ours, not
         as contention: :func:`lib.platform.telemetry.local_cpu_snapshot`)."""
@@ -374,8 +411,10 @@ class CpuBackend:
 
             def once():
                 start = time.perf_counter()
+                last = len(cpu_runs) + 1 == self.warmup + self.repeats
                 times, cpu, overhead = self._dispatch(task, decision, bounds,
-                                                      active, descs, out_desc)
+                                                      active, descs, out_desc,
+                                                      last)
                 cpu_runs.append(cpu)
                 overhead_runs.append(overhead)
                 if task.merge == "sum":
@@ -388,6 +427,9 @@ class CpuBackend:
                 return merged, times, elapsed
 
             result, per_dev, totals = repeat_timed(once, self.warmup, self.repeats)
+        except BaseException:
+            self._release()  # a run cut short: its last jobs never went out
+            raise
         finally:
             shutil.rmtree(root, ignore_errors=True)
         timed_cpu = cpu_runs[self.warmup:]  # as repeat_timed: warm-ups first
@@ -418,7 +460,8 @@ class CpuBackend:
             del mm
         return (path, arr.dtype.str, arr.shape)
 
-    def _dispatch(self, task, decision, bounds, active, descs, out_desc):
+    def _dispatch(self, task, decision, bounds, active, descs, out_desc,
+                  last=False):
         """Send one job per active shard and wait for all; return each device's
         seconds on its shard, the CPU seconds its worker spent on it and the
         seconds of the job's round trip that were not the worker's (from
@@ -434,7 +477,7 @@ class CpuBackend:
             job = {"id": self._next_id, "task": task_json, "kind": kind,
                    "lo": lo, "hi": hi,
                    "pos": pos, "inputs": descs, "out": out_desc,
-                   "fault": dev in self.fault_devices}
+                   "fault": dev in self.fault_devices, "last": last}
             sent[dev] = time.perf_counter()
             try:
                 self._conns[dev].send(job)
