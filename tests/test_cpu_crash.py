@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.execution.cpu import CpuBackend, _alive, reclaim_orphans, shm_root
+from lib.execution.cpu import CpuBackend
+from lib.execution.shm import _alive, reclaim_orphans, shm_root
 from lib.platform.machines import load_machine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),

@@ -65,9 +65,9 @@ from lib.execution.characterisation_plans import (
     CharacterisationPlan,
     pattern_weights,
 )
-from lib.execution.cpu import shm_root
 from lib.execution.dask_measure import characterise_network, network_record
 from lib.execution.load import CoreLoad
+from lib.execution.shm import shm_root
 from lib.execution.shm_links import core_ids, ping_pong_seconds, shm_copy_seconds
 from lib.platform.machines import Machine, MachineError, load_machine
 from lib.platform.telemetry import (

@@ -33,14 +33,13 @@ A crash leaves nothing behind. Workers watch their parent and exit when it is
 gone (killed with SIGKILL included), and each run's buffers live in a folder
 named after the process that owns it (``gpuhive-<pid>-...`` under the shared
 memory root), so the next backend to start removes the folders of owners that
-no longer exist (:func:`reclaim_orphans`).
+no longer exist (:func:`lib.execution.shm.reclaim_orphans`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import re
 import shutil
 import statistics
 import tempfile
@@ -62,6 +61,7 @@ from lib.execution.base import (
     check_devices,
     repeat_timed,
 )
+from lib.execution.shm import reclaim_orphans, shm_root
 from lib.platform.machines import Machine
 from lib.platform.user_kinds import adopt_kind, kind_payload
 from lib.platform.workloads import split_rows, workload
@@ -215,53 +215,6 @@ def _open_run(job: dict[str, Any]) -> dict[str, Any]:
     return {"out_desc": job["out"], "task": task, "workload": workload(task),
             "inputs": {k: _open(v, "r") for k, v in job["inputs"].items()},
             "out": _open(job["out"], "r+")}
-
-
-def shm_root() -> str:
-    """Where shared buffers live: ``/dev/shm`` where writable, else the temp dir."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
-
-
-#: Names of what a run leaves in :func:`shm_root` while it lives: the run's
-#: folder and the characterisation's copy file, each carrying the owner's pid.
-_OWNED = re.compile(r"^gpuhive-(?:copy-)?(\d+)(?:-.*|\.bin)$")
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: not ours to judge
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def reclaim_orphans(root: str | None = None) -> list[str]:
-    """Remove the run folders and files whose owning process is gone (a run
-    killed with SIGKILL cannot clean up after itself); return their paths."""
-    base = Path(root or shm_root())
-    removed = []
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        m = _OWNED.match(path.name)
-        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(str(path))
-    return removed
 
 
 class CpuBackend:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.execution.cpu import shm_root
+from lib.execution.shm import shm_root
 from lib.platform.machines import Machine
 
 
