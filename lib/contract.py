@@ -518,6 +518,23 @@ class Decision:
                                         task.__dict__["_canonical"][1], digest)
         return out
 
+    def without(self, device: int) -> Decision | None:
+        """This decision with ``device`` (and any device of share 0) left
+        out, the other shares renormalised, unhashed; ``single`` mode and the
+        host path where one device is left, None where none is."""
+        keep = [(g, s) for g, s in zip(self.gpus, self.shares, strict=True)
+                if g != device and s > 0]
+        if not keep:
+            return None
+        total = math.fsum(s for _, s in keep)
+        shares = [s / total for _, s in keep]
+        shares[-1] = 1.0 - math.fsum(shares[:-1])
+        mode = "single" if len(keep) == 1 and self.mode == "split" else self.mode
+        path = self.comm_path if len(keep) > 1 else "host"
+        return Decision(gpus=tuple(g for g, _ in keep), shares=tuple(shares),
+                        chunk=self.chunk, block=self.block, mode=mode,
+                        comm_path=path)
+
     def describe(self) -> str:
         """Short human form: ``split gpus=[0,2] shares=[0.750,0.250] ...``."""
         shares = ",".join(f"{s:.3f}" for s in self.shares)

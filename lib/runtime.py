@@ -109,8 +109,8 @@ class Agent:
 
     def seen_by_policy(self, task: TaskSpec) -> Snapshot | None:
         """The telemetry the policy decides ``task`` under: the live snapshot
-        with two things the machine's history learned from MEASURED runs
-        folded into each device's capacity:
+        with what the machine's history learned from MEASURED runs folded
+        into each device's capacity (1, 2) or carried beside it (3):
 
         1. on a device other work contends for, what a shard of this task's
            length effectively gets there (a short shard on a busy core often
@@ -120,8 +120,9 @@ class Agent:
            (:func:`~lib.costmodel.speed.speed_snapshot`);
         3. on a device that costs a run more than the cheapest device beyond
            its time on the shard (waking its worker, handing over the job
-           and the result), that cost on a shard of this task's length
-           (:func:`~lib.costmodel.overhead.overhead_snapshot`).
+           and the result), that cost as the device's wait, ``wait_s``
+           (:func:`~lib.costmodel.overhead.overhead_snapshot`), which the
+           cost model adds to the device's launch.
 
         Unchanged without a measured capacity or without such history."""
         snap = self.telemetry
@@ -138,9 +139,9 @@ class Agent:
             snap = effective_snapshot(task, self.machine, snap, params,
                                       history.bursts(levels))
         snap = speed_snapshot(snap, speeds)
-        return overhead_snapshot(task, self.machine, snap, params,
-                                 list(history.overheads.values()),
-                                 {i: level_of(c) for i, c in enumerate(raw.capacity)})
+        return overhead_snapshot(snap, list(history.overheads.values()),
+                                 {i: level_of(c) for i, c in enumerate(raw.capacity)},
+                                 lengths)
 
     def execute(self, task: TaskSpec, decision: Decision, *,
                 verify: bool = False) -> Result:

@@ -23,14 +23,19 @@ from lib.costmodel.history import (
     history_path,
     robust_rate,
 )
-from lib.costmodel.model import default_params, predict
+from lib.costmodel.model import default_params, predict, wait_seconds
 from lib.costmodel.overhead import (
     FREE_BAND,
     MIN_OVERHEAD_SAMPLES,
     OVERHEAD_CAP,
+    OVERHEAD_WINDOW,
+    Overheads,
     expected_overhead,
+    fold_wait,
+    leave_out_waits,
     overhead_snapshot,
 )
+from lib.costmodel.speed import shard_compute_seconds
 from lib.execution.base import ExecutionMetrics, Result
 from lib.platform.machines import load_machine
 from lib.platform.telemetry import Snapshot, busy
@@ -404,12 +409,54 @@ def test_overheads_are_kept_per_device_and_contention_and_round_trip(home):
     h.update(*_overhead_run({0: 5.0}), LOADED)           # a stalled run: capped
     h.update(*_overhead_run({0: 1e-3}))                  # no telemetry: no level
     assert sorted(h.overheads) == [(0, FREE_BAND), (0, 1), (1, FREE_BAND)]
-    assert h.overheads[(0, FREE_BAND)].samples == [(4e-4, 0.0)]
-    assert h.overheads[(0, 1)].samples == [(9e-3, pytest.approx(2.0)),
-                                           (OVERHEAD_CAP, pytest.approx(2.0))]
+    # no machine and parameters given: the shard's length is unknown (0)
+    assert h.overheads[(0, FREE_BAND)].samples == [(4e-4, 0.0, 0.0)]
+    assert h.overheads[(0, 1)].samples == [(9e-3, pytest.approx(2.0), 0.0),
+                                           (OVERHEAD_CAP, pytest.approx(2.0), 0.0)]
+    machine, params = load_machine("local-cpu"), default_params()
+    task, dec, result = _overhead_run({0: 4e-4, 1: 3e-4})
+    h.update(task, dec, result, FREE, machine, params)
+    length = shard_compute_seconds(task, dec, machine, params)[0]
+    assert h.overheads[(0, FREE_BAND)].samples[-1] == (4e-4, 0.0,
+                                                       pytest.approx(length))
     h.save()
     again = History.load("box")
     assert again.overheads == h.overheads
+
+
+def test_overheads_are_looked_up_near_the_shards_length():
+    # a busy core's worker that ran long shards waits out a time slice before
+    # the next; one that ran short ones mostly starts at once
+    o = Overheads(0, 1)
+    n = MIN_OVERHEAD_SAMPLES
+    for _ in range(n):
+        o.add(4e-3, 2.0, 200e-3)   # after 200 ms shards: a 4 ms wait
+        o.add(3e-4, 2.0, 1e-3)     # after 1 ms shards: 0.3 ms
+    assert expected_overhead([o], 0, 2.0, 150e-3) == pytest.approx(4e-3)
+    assert expected_overhead([o], 0, 2.0, 0.8e-3) == pytest.approx(3e-4)
+    assert expected_overhead([o], 0, 2.0) == pytest.approx((4e-3 + 3e-4) / 2)
+    # nothing within three octaves: every length
+    assert expected_overhead([o], 0, 2.0, 14e-3) == pytest.approx((4e-3 + 3e-4) / 2)
+    # a full window loses the oldest of its most crowded length: a flood of
+    # short runs does not push out what the long ones taught
+    for k in range(3 * OVERHEAD_WINDOW):
+        o.add(3e-4 + k * 1e-9, 2.0, 1e-3)
+    assert len(o.samples) == OVERHEAD_WINDOW
+    assert sum(1 for s in o.samples if s[2] == 200e-3) == n
+    assert min(s[0] for s in o.samples if s[2] == 1e-3) == pytest.approx(
+        3e-4 + (3 * OVERHEAD_WINDOW - (OVERHEAD_WINDOW - n)) * 1e-9)   # newest kept
+    assert expected_overhead([o], 0, 2.0, 150e-3) == pytest.approx(4e-3)
+
+
+def test_overheads_written_before_lengths_were_kept_still_read(home):
+    h = History("box")
+    h.update(*_overhead_run({0: 4e-4}), FREE)
+    obj = h.to_json()
+    obj["overheads"][0]["samples"] = [[4e-4, 0.0]]
+    path = history_path("box")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    assert History.load("box").overheads[(0, FREE_BAND)].samples == [(4e-4, 0.0, 0.0)]
 
 
 def test_expected_overhead_is_the_mean_at_a_like_level():
@@ -429,20 +476,59 @@ def test_expected_overhead_is_the_mean_at_a_like_level():
     assert expected_overhead(kept, 1, 0.0) is None         # another device
 
 
-def test_overhead_snapshot_slows_a_dearer_device_for_short_shards_only():
+def _free(machine):
+    n = machine.n
+    return Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
+                    measured=True, capacity=(1.0,) * n)
+
+
+def test_overhead_snapshot_carries_each_devices_wait_beyond_the_cheapest():
     machine = load_machine("local-cpu")
-    params = default_params()
     h = History("local-cpu")
     for _ in range(MIN_OVERHEAD_SAMPLES):
         h.update(*_overhead_run({0: 5e-4, 1: 3e-4}), FREE)
     kept = list(h.overheads.values())
     n = machine.n
-    free = Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
-                    measured=True, capacity=(1.0,) * n)
+    free = _free(machine)
+    seen = overhead_snapshot(free, kept)
+    assert seen.wait_s[0] == pytest.approx(2e-4)
+    assert seen.wait_s[1:] == (0.0,) * (n - 1)              # the cheapest: none
+    assert seen.capacity == free.capacity                   # capacity untouched
+    # nothing to carry: no history, one device known, or no snapshot capacity
+    assert overhead_snapshot(free, []) is free
+    one = History("local-cpu")
+    for _ in range(MIN_OVERHEAD_SAMPLES):
+        one.update(*_overhead_run({0: 5e-4}), FREE)
+    assert overhead_snapshot(free, list(one.overheads.values())) is free
+    assert overhead_snapshot(busy(machine, [0.5] + [0.0] * (n - 1)),
+                             kept).capacity is None
+
+
+def test_the_cost_model_adds_a_measured_wait_in_place_of_the_fitted_one():
+    machine = load_machine("local-cpu")
+    fitted = replace(default_params(), sched_wait={"cpu": 1e-3})
+    n = machine.n
+    half = replace(_free(machine), capacity=(0.5,) + (1.0,) * (n - 1))
+    assert wait_seconds(machine, 0, fitted, half) == pytest.approx(1e-3)
+    waits = replace(half, wait_s=(3e-3,) + (0.0,) * (n - 1))
+    assert wait_seconds(machine, 0, fitted, waits) == pytest.approx(3e-3)
+    assert wait_seconds(machine, 1, fitted, waits) == 0.0
+    task = TaskSpec("reduce", {"N": 100_000})
+    d = decision_from_weights(task, list(range(n)), [1.0] * n)
+    slower = predict(task, d, machine, waits, fitted).devices[0].total \
+        - predict(task, d, machine, half, fitted).devices[0].total
+    assert slower == pytest.approx(2e-3)
+
+
+def test_fold_wait_slows_a_waiting_device_for_short_shards_only():
+    machine = load_machine("local-cpu")
+    params = default_params()
+    n = machine.n
+    free = replace(_free(machine), wait_s=(2e-4,) + (0.0,) * (n - 1))
     short = TaskSpec("elementwise", {"N": 20_000})
     long = TaskSpec("elementwise", {"N": 1 << 26})
-    seen_short = overhead_snapshot(short, machine, free, params, kept)
-    seen_long = overhead_snapshot(long, machine, free, params, kept)
+    seen_short = fold_wait(short, machine, free, params)
+    seen_long = fold_wait(long, machine, free, params)
     equal = decision_from_weights(short, list(range(n)), [1.0] * n)
     length = predict(short, equal, machine, None, params).devices[0].total
     assert seen_short.capacity[0] == pytest.approx(length / (length + 2e-4))
@@ -450,15 +536,47 @@ def test_overhead_snapshot_slows_a_dearer_device_for_short_shards_only():
     assert 0.99 < seen_long.capacity[0] < 1.0
     assert seen_short.capacity[1:] == free.capacity[1:]      # the cheapest keeps
     assert "overhead" in seen_short.capacity_provenance[0]
-    # nothing to fold: no history, one device known, or no snapshot capacity
-    assert overhead_snapshot(short, machine, free, params, []) is free
-    one = History("local-cpu")
-    for _ in range(MIN_OVERHEAD_SAMPLES):
-        one.update(*_overhead_run({0: 5e-4}), FREE)
-    assert overhead_snapshot(short, machine, free, params,
-                             list(one.overheads.values())) is free
-    assert overhead_snapshot(short, machine, busy(machine, [0.5] + [0.0] * (n - 1)),
-                             params, kept).capacity is None
+    assert seen_short.wait_s is None                          # folded, not twice
+    assert fold_wait(short, machine, _free(machine), params) is not None
+    assert fold_wait(short, machine, _free(machine), params).wait_s is None
+
+
+@pytest.mark.parametrize("task, kept", [
+    (TaskSpec("reduce", {"N": 1 << 20}), False),      # shorter than the wait
+    (TaskSpec("reduce", {"N": 1 << 28}), True),       # far longer: a share pays
+])
+def test_a_device_whose_wait_outweighs_its_share_is_left_out(task, kept):
+    machine = load_machine("local-cpu")
+    params = default_params()
+    n = machine.n
+    waits = replace(_free(machine), capacity=(0.5,) + (1.0,) * (n - 1),
+                    wait_s=(5e-3,) + (0.0,) * (n - 1))
+    d = decision_from_weights(task, list(range(n)), [1.0] + [2.0] * (n - 1))
+    out = leave_out_waits(task, d, machine, waits, params)
+    assert (0 in out.gpus) is kept
+    before = predict(task, d, machine, waits, params).total
+    after = predict(task, out, machine, waits, params).total
+    assert after <= before
+    if not kept:
+        assert after < before and out.gpus == tuple(range(1, n))
+        assert out.shares == pytest.approx((1.0 / (n - 1),) * (n - 1))
+    # no waits: the decision as it came
+    assert leave_out_waits(task, d, machine, _free(machine), params) is d
+
+
+def test_the_learned_policy_leaves_out_a_busy_core_for_a_short_task():
+    from lib.policies.learned import load_policy
+    machine = load_machine("local-cpu")
+    n = machine.n
+    busy_core = replace(_free(machine), capacity=(0.2,) + (1.0,) * (n - 1),
+                        free_bytes=tuple(d.mem_bytes for d in machine.devices))
+    waiting = replace(busy_core, wait_s=(5e-3,) + (0.0,) * (n - 1))
+    policy = load_policy()
+    task = TaskSpec("reduce", {"N": 1_322_556})
+    assert 0 in policy.decide(task, machine, busy_core).gpus   # a share there
+    assert 0 not in policy.decide(task, machine, waiting).gpus  # not worth it
+    long = TaskSpec("reduce", {"N": 1 << 28})
+    assert 0 in policy.decide(long, machine, waiting).gpus
 
 
 def test_the_runtime_shows_the_policy_a_dearer_device(home):
@@ -469,13 +587,11 @@ def test_the_runtime_shows_the_policy_a_dearer_device(home):
     for _ in range(MIN_OVERHEAD_SAMPLES):
         h.update(*_overhead_run({0: 8e-4, 1: 3e-4}), FREE)
     h.save()
-    n = machine.n
-    free = Snapshot("local-cpu", (0.0,) * n, (1.0,) * n, (True,) * n,
-                    measured=True, capacity=(1.0,) * n)
     agent = Agent(policy=make_policy("equal", 0), machine=machine, backend="model",
-                  telemetry=free)
+                  telemetry=_free(machine))
     seen = agent.seen_by_policy(TaskSpec("reduce", {"N": 10_000}))
-    assert seen.capacity[0] < 0.5 and seen.capacity[1] == 1.0
+    assert seen.wait_s[0] == pytest.approx(5e-4) and seen.wait_s[1] == 0.0
+    assert seen.capacity == (1.0,) * machine.n
 
 
 @pytest.mark.parametrize("entry, says", [

@@ -371,7 +371,8 @@ class History:
                 level = level_of(cap)
                 self.overheads.setdefault(
                     (int(dev), overhead_band(level)),
-                    Overheads(int(dev), overhead_band(level))).add(extra, level)
+                    Overheads(int(dev), overhead_band(level))).add(
+                        extra, level, model.get(int(dev), 0.0))
             work = w.work(task, hi - lo)
             everyone_free &= cap >= CONTENDED_CAPACITY
             measured[int(dev)] = float(seconds)

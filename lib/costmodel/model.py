@@ -348,10 +348,13 @@ def launch_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT) -> f
 
 def wait_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT,
                  telemetry: Snapshot | None = None) -> float:
-    """A shard's wait for the scheduler on device i: ``w (1 / c - 1)`` where
-    telemetry measured the device's capacity ``c`` and the calibration
-    fitted ``w`` for its kind; 0 otherwise (utilisation alone says nothing
-    of time slices)."""
+    """A shard's wait for the scheduler on device i: what the runtime's
+    history measured there beyond the cheapest device where the snapshot
+    carries it (``telemetry.wait_s``); else ``w (1 / c - 1)`` where telemetry
+    measured the device's capacity ``c`` and the calibration fitted ``w`` for
+    its kind; 0 otherwise (utilisation alone says nothing of time slices)."""
+    if telemetry is not None and telemetry.wait_s is not None:
+        return telemetry.wait_s[i]
     if telemetry is None or telemetry.capacity is None or not params.sched_wait:
         return 0.0
     w = params.sched_wait.get(machine.devices[i].kind, 0.0)

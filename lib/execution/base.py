@@ -7,9 +7,8 @@ says which, so a modelled number is never mistaken for a measurement.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -160,17 +159,10 @@ def repeat_timed(once: Callable[[], tuple[Any, dict[int, float], float]],
 
 def replan(decision: Decision, failed: int) -> Decision:
     """The decision without device ``failed``, shares renormalised (unhashed)."""
-    keep = [(g, s) for g, s in zip(decision.gpus, decision.shares, strict=True)
-            if g != failed and s > 0]
-    if not keep:
+    left = decision.without(failed)
+    if left is None:
         raise ExecutionError(f"no device left after device {failed} failed")
-    total = math.fsum(s for _, s in keep)
-    shares = [s / total for _, s in keep]
-    shares[-1] = 1.0 - math.fsum(shares[:-1])
-    mode = "single" if len(keep) == 1 and decision.mode == "split" else decision.mode
-    path = decision.comm_path if len(keep) > 1 else "host"
-    return replace(decision, gpus=tuple(g for g, _ in keep), shares=tuple(shares),
-                   mode=mode, comm_path=path, config_hash="")
+    return left
 
 
 def check_devices(decision: Decision, machine: Machine) -> None:

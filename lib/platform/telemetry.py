@@ -95,6 +95,11 @@ class Snapshot:
         contenders: per device, how much other work wants it (mean runnable
             threads of other processes on a core; other compute processes on a
             GPU, each weighted by its SM time slice); None where not measured.
+        wait_s: per device, seconds a shard there waits beyond what a shard
+            on the cheapest device waits (its worker woken, the job and the
+            result handed over: MEASURED runs, learned by the runtime's
+            history); None where nothing was learned. The cost model adds it
+            to the device's launch (:func:`lib.costmodel.model.wait_seconds`).
     """
 
     source: str
@@ -109,6 +114,7 @@ class Snapshot:
     capacity: tuple[float, ...] | None = None
     capacity_provenance: tuple[str, ...] | None = None
     contenders: tuple[float, ...] | None = None
+    wait_s: tuple[float, ...] | None = None
 
     def slowdown(self, i: int) -> float:
         """Factor by which device ``i``'s compute stretches: ``1 / capacity``

@@ -62,6 +62,8 @@ from lib.contract import (
     NoFeasibleDecision,
     TaskSpec,
 )
+from lib.costmodel.overhead import fold_wait, leave_out_waits
+from lib.costmodel.parameters import params_for
 from lib.learners.ppo import PolicyFormatError
 from lib.learners.setppo import SetPPOAgent
 from lib.platform.machines import Machine
@@ -529,15 +531,30 @@ class LearnedPolicy:
 
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
-        """The policy's decision for ``task`` (not hashed, not yet gated)."""
-        shares, ch, ctx = self._act(task, machine, telemetry)
+        """The policy's decision for ``task`` (not hashed, not yet gated).
+
+        Where ``telemetry`` carries waits (``wait_s``, what devices cost a run
+        beyond the cheapest, learned by the runtime's history), the network
+        sees them folded into capacity (:func:`~lib.costmodel.overhead.fold_wait`),
+        and its decision then loses each device whose wait costs more than
+        its share saves (:func:`~lib.costmodel.overhead.leave_out_waits`):
+        a network sees capacities, and no capacity says that a share of any
+        size pays the whole wait."""
+        waits = telemetry is not None and telemetry.wait_s is not None
+        params = params_for(machine.name) if waits else None
+        seen = fold_wait(task, machine, telemetry, params) if waits else telemetry
+        shares, ch, ctx = self._act(task, machine, seen)
         if self.use_mask:
-            return ctx.decoder.decide(task, shares, ch[0], ch[1], ch[2], ch[3],
-                                      hashed=False)
-        weights = project_share_row(shares, ctx.decoder.healthy, ch[1],
-                                    self.min_share)
-        return decision_from_weights_row(task, weights, ch[0], ch[1], ch[2], ch[3],
-                                         hashed=False)
+            decision = ctx.decoder.decide(task, shares, ch[0], ch[1], ch[2], ch[3],
+                                          hashed=False)
+        else:
+            weights = project_share_row(shares, ctx.decoder.healthy, ch[1],
+                                        self.min_share)
+            decision = decision_from_weights_row(task, weights, ch[0], ch[1], ch[2],
+                                                 ch[3], hashed=False)
+        if waits:
+            decision = leave_out_waits(task, decision, machine, telemetry, params)
+        return decision
 
     def notes(self, machine: Machine) -> list[str]:
         """Where ``machine`` lies outside what the policy was trained on (more
