@@ -222,10 +222,12 @@ def expected_overhead(kept: Sequence[Overheads], device: int, level: float,
             ratio = taken / level
             like = (taken > 0.0) & (ratio >= 1.0 / LEVEL_REACH) & (ratio <= LEVEL_REACH)
         seconds.append(secs[like])
-        with np.errstate(divide="ignore"):
-            near.append(np.where(lengths[like] > 0.0,
-                                 np.abs(np.log2(lengths[like] / length)), 0.0)
-                        if length > 0.0 else np.zeros(int(like.sum())))
+        lens = lengths[like]
+        dist = np.zeros(lens.size)     # an unknown length is near any
+        if length > 0.0:
+            known = lens > 0.0
+            dist[known] = np.abs(np.log2(lens[known] / length))
+        near.append(dist)
     if not seconds:
         return None
     secs, dist = np.concatenate(seconds), np.concatenate(near)

@@ -208,8 +208,9 @@ def _open_run(job: dict[str, Any]) -> dict[str, Any]:
     workload and its buffers mapped once. A run's repeats then pay only for
     their shard, as a GPU runtime's launches reuse buffers it allocated once;
     mapping three files afresh for every job took more than half of a small
-    job's time. The parent ends each run with a ``release`` message, after
-    which nothing of the run stays mapped."""
+    job's time. The worker unmaps them after replying to the job the parent
+    marks ``last`` (or on a ``release`` message, which ends a run cut
+    short), so nothing of a run stays mapped once it is over."""
     adopt_kind(job.get("kind"))
     task = TaskSpec.from_json(job["task"])
     return {"out_desc": job["out"], "task": task, "workload": workload(task),
