@@ -600,6 +600,10 @@ def test_the_runtime_shows_the_policy_a_dearer_device(home):
     ({"device": 0, "band": 1, "runs": 0, "samples": [[1e-4, 2.0]]}, "runs 0"),
     ({"device": "0", "band": 1, "runs": 1, "samples": [[1e-4, 2.0]]}, "device '0'"),
     ({"device": 0, "band": 1, "runs": 1, "samples": []}, "no samples"),
+    ({"device": 0, "band": 1, "runs": 1, "samples": [[1e-4, 2.0, 1e-3, 7.0]]},
+     "is not (seconds, level, length)"),
+    ({"device": 0, "band": 1, "runs": 1, "samples": [[1e-4, 2.0, -1e-3]]},
+     "does not fit band 1"),
 ])
 def test_malformed_overhead_entry_is_refused_in_one_line(home, entry, says):
     h = History("box")
