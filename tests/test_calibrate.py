@@ -184,6 +184,31 @@ def test_save_load_round_trip(machine, tmp_path, monkeypatch):
         load_params("local-cpu")
 
 
+def test_a_calibration_is_parsed_once_and_an_edit_is_seen_at_once(machine, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    report = calibrate(machine, synthetic_runs(machine, truth_params()), seed=0)
+    path = save_params("local-cpu", report.params, report)
+    first = load_params("local-cpu")
+    assert load_params("local-cpu") is first          # unchanged bytes: not re-parsed
+    # an edit in place, of the same length, within the same clock tick: seen
+    obj = json.loads(path.read_text())
+    dk, kind = next((dk, k) for dk, row in obj["params"]["compute_eff"].items()
+                    for k in row)
+    old = obj["params"]["compute_eff"][dk][kind]
+    obj["params"]["compute_eff"][dk][kind] = 0.123456789
+    text = json.dumps(obj)
+    path.write_text(text)
+    edited = load_params("local-cpu")
+    assert edited is not first
+    assert edited.compute_eff[(dk, kind)] == pytest.approx(0.123456789)
+    assert old != pytest.approx(0.123456789)
+    # a tampered byte after a good read is refused, not served from memory
+    path.write_text(text.replace('"params"', '"params\x00', 1))
+    with pytest.raises(CalibrationError, match="local-cpu.json"):
+        load_params("local-cpu")
+
+
 def test_calibrate_machine_from_file(machine, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
     with pytest.raises(CalibrationError, match="no characterisation of local-cpu"):

