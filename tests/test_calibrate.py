@@ -512,3 +512,75 @@ def test_the_report_cross_validates_every_run(machine, tmp_path):
                        env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
     assert p.returncode == 2 and "--folds 1" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def _reporting(machine, cache_bytes):
+    """``machine`` with every device reporting a last-level cache of ``cache_bytes``."""
+    return dataclasses.replace(machine, devices=tuple(
+        dataclasses.replace(d, cache_bytes=cache_bytes) for d in machine.devices))
+
+
+@pytest.mark.parametrize("reported", [480 * 2**20, 0.0])
+def test_the_cache_size_the_runs_behave_as_if_they_had_is_found(machine, reported):
+    """Runs made with a 32 MiB cache, on a machine that reports the host
+    chip's 480 MiB (a virtual machine's view) or no size at all: the fit
+    finds a size that splits the runs as 32 MiB does, and predicts them."""
+    from lib.costmodel.model import fits_cache
+
+    runs = synthetic_runs(machine, truth_params())
+    told = _reporting(machine, reported)
+    report = calibrate(told, runs, seed=0)
+    size = report.params.cache_size["cpu"]
+    tasks = [TaskSpec.from_json(r["task"]) for r in runs]
+    assert [fits_cache(t, size) for t in tasks] == \
+        [fits_cache(t, CACHE_BYTES) for t in tasks]
+    assert report.median_ape_pct < 3.0
+    assert "cache_bw[cpu]" in report.fitted
+    # the size the machine reports, where the runs agree with it, is kept
+    assert "cpu" not in calibrate(machine, runs, seed=0).params.cache_size
+
+
+def test_cache_sizes_tried_stop_at_the_reported_size_and_need_runs_on_each_side(
+        machine):
+    from lib.costmodel.fit import MIN_CACHE_SIDE, cache_sizes
+    from lib.costmodel.model import fits_cache
+
+    runs = parse_runs(synthetic_runs(machine, truth_params()), machine)
+    told = _reporting(machine, 480 * 2**20)
+    sizes = cache_sizes(told, runs, default_params())["cpu"]
+    assert sizes[0] == 0.0                       # none fitting: the term off
+    assert all(0 < s <= 480 * 2**20 for s in sizes[1:])
+    splits = [tuple(fits_cache(r.task, s) for r in runs) for s in sizes]
+    assert len(set(splits)) == len(splits)       # one fit per distinct split
+    assert tuple(fits_cache(r.task, 480 * 2**20) for r in runs) not in splits
+    for split in splits[1:]:
+        assert MIN_CACHE_SIDE <= sum(split) <= len(split) - MIN_CACHE_SIDE
+
+
+def test_a_fitted_cache_size_saves_loads_and_prices(machine):
+    from lib.costmodel.model import cache_factor
+
+    params = dataclasses.replace(truth_params(), cache_size={"cpu": 2.0**20})
+    back = params_from_json(params_to_json(params))
+    assert back.cache_size == {"cpu": 2.0**20}
+    big = TaskSpec("elementwise", {"N": 10**6})    # 12 MB: in 32 MiB, not in 1 MiB
+    assert cache_factor(big, machine, 0, truth_params()) == pytest.approx(1.5)
+    assert cache_factor(big, machine, 0, back) == 1.0
+    old = params_to_json(truth_params())
+    del old["cache_size"]                          # a file from before the field
+    assert params_from_json(old).cache_size == {}
+    bad = dict(old, cache_size={"cpu": -1.0})
+    with pytest.raises(CalibrationError,
+                       match=r"cache_size\.cpu must be a non-negative"):
+        params_from_json(bad)
+
+
+def test_the_report_says_which_cache_size_the_model_uses(machine):
+    report = calibrate(_reporting(machine, 480 * 2**20),
+                       synthetic_runs(machine, truth_params()), seed=0)
+    size = report.params.cache_size["cpu"] / 2**20
+    line = next(n for n in report.notes if "last-level cache" in n)
+    assert f"held {size:.0f} MiB (they report 480 MiB)" in line
+    assert not any("last-level cache" in n
+                   for n in calibrate(machine, synthetic_runs(machine, truth_params()),
+                                      seed=0).notes)

@@ -229,7 +229,7 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
     ape = ape_pct(pred[scored], meas[scored])
     report = CalibrationReport(
         machine=machine.name, params=params, fitted=fitted,
-        not_fitted=tuple(s.name for s in slots_for(machine, parsed)
+        not_fitted=tuple(s.name for s in slots_for(machine, parsed, params)
                          if s.name not in fitted),
         n_train=len(train), n_heldout=len(held),
         median_ape_pct=float(np.median(ape)),
@@ -252,7 +252,7 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
                       for i in held]
     if folds and len(parsed) >= 2 * max(2, folds):
         report.cross_validation = cross_validate(machine, parsed, folds, seed, base)
-    report.notes = _notes(report, uncertainty)
+    report.notes = _cache_notes(machine, params) + _notes(report, uncertainty)
     if report.median_ape_pct > WARN_APE_PCT:
         report.warning = (f"median APE {report.median_ape_pct:.1f} % exceeds "
                           f"{WARN_APE_PCT:.0f} %: the calibrated model does not "
@@ -309,6 +309,25 @@ def _group_bias(runs: Sequence[MeasuredRun], pred: np.ndarray,
                           np.array_split(order, 3), strict=True):
         groups[f"time={name}"] = [int(i) for i in part]
     return {g: float(np.median(signed[ix])) for g, ix in groups.items() if ix}
+
+
+def _cache_notes(machine: Machine, params: CostParams) -> list[str]:
+    """One line per device kind whose runs behave as if its last-level cache
+    had another size than the one its devices report."""
+    out = []
+    for kind, size in sorted(params.cache_size.items()):
+        told = max((d.cache_bytes for d in machine.devices if d.kind == kind),
+                   default=0.0)
+        said = f"{told / 2**20:.0f} MiB" if told > 0 else "no size"
+        if size > 0:
+            out.append(f"the {kind} devices' runs behave as if their last-level "
+                       f"cache held {size / 2**20:.0f} MiB (they report {said}); "
+                       f"the cost model uses {size / 2**20:.0f} MiB")
+        else:
+            out.append(f"the {kind} devices' runs behave as if no task's data "
+                       f"stayed in their cache (they report {said}); the cache "
+                       f"term is off")
+    return out
 
 
 def _notes(report: CalibrationReport, uncertainty: Mapping[str, float]) -> list[str]:

@@ -11,7 +11,8 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   (:class:`CostParams`).
 - ``mu_i``: a multiple of the memory bandwidth for a task whose data stay in
   the cache: ``cache_bw[kind]`` where the whole task's inputs and outputs fit
-  in half the device's last-level cache (:attr:`Device.cache_bytes`), else 1
+  in half the device's last-level cache (:attr:`Device.cache_bytes`, or the
+  size calibration found its runs behave as if they had), else 1
   (:func:`cache_factor`). It divides the memory limit. It is decided for the
   whole task, not for each shard, so every term stays affine in rows: the
   devices of ``local-cpu`` share their last-level cache, so the whole task's
@@ -66,6 +67,12 @@ gathering, MEASURED at about 10 ms on two local workers).
 
 All times in seconds. The prediction is finite and positive for every decision
 Gate 1 accepts.
+
+Why one module: every term of Eq. (1), the parameters that price them and
+:func:`predict` that adds them up are read against each other (the book
+quotes them term by term, and the oracle's vectorised search and the
+calibration's array shortcut are tested against :func:`predict`); split, a
+term and its parameter would live in two places.
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lib.contract import KINDS, Decision, TaskSpec
-from lib.platform.machines import Machine
+from lib.platform.machines import Device, Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import (
     ShardWork,
@@ -118,6 +125,12 @@ class CostParams:
         cache_bw: device kind -> multiple of a device's memory bandwidth for a
             task whose data fit in half its last-level cache (absent: 1, the
             term off; fitted from runs on both sides of the cache).
+        cache_size: device kind -> the last-level cache, in bytes, that its
+            runs behave as if they had (absent: each device's reported
+            :attr:`Device.cache_bytes`). Calibration chooses it from the runs
+            (:func:`lib.costmodel.fit.fit_params`): a virtual machine's cores
+            report the host chip's whole cache (hundreds of MiB, shared with
+            every other tenant), and no run of ours behaves as if it had it.
         corun: device kind -> ``zeta``, how much co-running devices of that
             kind slow each other: a shard's compute takes ``1 + zeta (k - 1)``
             times longer when k of them run at once (absent: 0; fitted from
@@ -141,6 +154,12 @@ class CostParams:
     host_s: Mapping[str, float] = field(default_factory=dict)
     cache_bw: Mapping[str, float] = field(default_factory=dict)
     corun: Mapping[str, float] = field(default_factory=dict)
+    cache_size: Mapping[str, float] = field(default_factory=dict)
+
+    def cache_bytes(self, device: Device) -> float:
+        """The last-level cache ``device`` is priced with: the calibrated
+        :attr:`cache_size` of its kind, else the size it reports."""
+        return self.cache_size.get(device.kind, device.cache_bytes)
 
     def e(self, device_kind: str, kind: str) -> float:
         """Compute efficiency; a registered kind without its own takes that
@@ -265,12 +284,14 @@ def cache_factor(task: TaskSpec, machine: Machine, i: int,
                  params: CostParams = _DEFAULT) -> float:
     """``mu_i`` of Eq. (1): ``params.cache_bw`` of device i's kind where the
     whole task's inputs and outputs fit in :data:`CACHE_FIT` of the device's
-    last-level cache, else 1 (and 1 where either is unknown)."""
+    last-level cache (:meth:`CostParams.cache_bytes`: calibrated, else
+    reported), else 1 (and 1 where either is unknown)."""
     if not params.cache_bw:
         return 1.0
     dev = machine.devices[i]
     scale = params.cache_bw.get(dev.kind)
-    return scale if scale is not None and fits_cache(task, dev.cache_bytes) else 1.0
+    return scale if scale is not None and fits_cache(task, params.cache_bytes(dev)) \
+        else 1.0
 
 
 def fits_cache(task: TaskSpec, cache_bytes: float) -> bool:

@@ -49,6 +49,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "host_s": {k: float(v) for k, v in sorted(params.host_s.items())},
             "cache_bw": {k: float(v) for k, v in sorted(params.cache_bw.items())},
             "corun": {k: float(v) for k, v in sorted(params.corun.items())},
+            "cache_size": {k: float(v) for k, v in sorted(params.cache_size.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -85,6 +86,10 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
                               for dk, v in obj.get("cache_bw", {}).items()}
         tables["corun"] = {dk: number(v, f"corun.{dk}", off=True)
                            for dk, v in obj.get("corun", {}).items()}
+        # absent from files before the cache's size was fitted: the reported
+        # size (0 where chosen: no run behaved as if its data stayed cached)
+        tables["cache_size"] = {dk: number(v, f"cache_size.{dk}", off=True)
+                                for dk, v in obj.get("cache_size", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:
