@@ -11,7 +11,13 @@ Fitted, for each device kind on the machine (:class:`CostParams`):
 - ``compute_eff[(device kind, workload kind)]`` and ``memory_eff[...]``: e_k
   and e'_k of the roofline;
 - ``launch_s[device kind]``: the fixed cost of starting a shard;
-- ``link_scale[device kind]``: measured over profile host-link bandwidth.
+- ``link_scale[device kind]``: measured over profile host-link bandwidth;
+- ``latency_scale[device kind]``: measured over profile host-link latency
+  (with the launch, one fixed cost per shard where every shard copies in and
+  out once: the fit then splits it nearest the defaults);
+- where the runs tell them: the host's cost per shard, co-running slowdown,
+  the cache's multiple and the cache size the runs see
+  (:mod:`lib.costmodel.fit`), and how load slows a device.
 
 A run recorded under load (its ``disturbance.capacity``, from
 characterisation) is fitted and scored as predicted at the capacity it had:

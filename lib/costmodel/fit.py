@@ -82,6 +82,7 @@ MIN_LOADED_RUNS = 8
 #: for CPU cores are estimates, so values above 1 are possible and honest).
 _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
+           "latency_scale": (1e-2, 10.0),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
            "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
@@ -111,6 +112,7 @@ class _Slot:
     """Where one fitted number lives in CostParams."""
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
+                          # latency_scale /
                           # contention / sched_wait / host_s / cache_bw / corun
     key: Any              # (device kind, kind) or device kind
 
@@ -137,6 +139,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.cache_bw.get(slot.key, 1.0)
     if slot.table == "corun":
         return params.corun.get(slot.key, 0.0)
+    if slot.table == "latency_scale":
+        return params.latency_scale.get(slot.key, 1.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -150,7 +154,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "sched_wait": dict(params.sched_wait),
               "host_s": dict(params.host_s),
               "cache_bw": dict(params.cache_bw),
-              "corun": dict(params.corun)}
+              "corun": dict(params.corun),
+              "latency_scale": dict(params.latency_scale)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, cache_size=dict(params.cache_size),
@@ -175,6 +180,7 @@ class _FastModel:
             "link_bw", "merge")}
         e_col, m_col, l_col, s_col, owner, self.slow = [], [], [], [], [], []
         g_col: list[int] = []
+        t_col: list[int] = []       # latency_scale slot
         w_col: list[int] = []
         h_col: list[int] = []
         c_col: list[int] = []       # cache_bw slot, where the task fits the cache
@@ -227,6 +233,7 @@ class _FastModel:
                 launch_key = launch_slot(machine, dev.kind)
                 l_col.append(index.get(_Slot("launch_s", launch_key), -1))
                 s_col.append(index.get(_Slot("link_scale", dev.kind), -1))
+                t_col.append(index.get(_Slot("latency_scale", dev.kind), -1))
                 g_col.append(index.get(_Slot("contention", dev.kind), -1))
                 w_col.append(index.get(_Slot("sched_wait", dev.kind), -1))
                 h_col.append(index.get(_Slot("host_s", dev.kind), -1))
@@ -234,6 +241,7 @@ class _FastModel:
                 for table, key in (("compute_eff", (dev.kind, task.kind)),
                                    ("memory_eff", (dev.kind, task.kind)),
                                    ("launch_s", launch_key), ("link_scale", dev.kind),
+                                   ("latency_scale", dev.kind),
                                    ("contention", dev.kind),
                                    ("sched_wait", dev.kind),
                                    ("host_s", dev.kind), ("cache_bw", dev.kind),
@@ -250,6 +258,7 @@ class _FastModel:
         self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
+        self.t_col = np.asarray(t_col)
         self.g_col, self.w_col = np.asarray(g_col), np.asarray(w_col)
         self.h_col = np.asarray(h_col)
         self.c_col, self.r_col = np.asarray(c_col), np.asarray(r_col)
@@ -288,8 +297,9 @@ class _FastModel:
                 # the scheduler wait (lib.costmodel.model.wait_seconds)
                 launch = launch + pick(self.w_col, d["sched_wait"]) \
                     * (self.stretch - 1.0)
-            t = (launch + c["lat_in"] + c["bin"] / bw + c["lat_out"] + c["bout"] / bw
-                 + comp)
+            lat = pick(self.t_col, d["latency_scale"])
+            t = (launch + (c["lat_in"] + c["lat_out"]) * lat
+                 + (c["bin"] + c["bout"]) / bw + comp)
             host = pick(self.h_col, d["host_s"]) * self.host_on
             out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge \
                 + np.add.reduceat(host, self.starts)
@@ -314,7 +324,7 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
         for k in kinds:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
         slots += [_Slot("launch_s", launch_slot(machine, dk)),
-                  _Slot("link_scale", dk)]
+                  _Slot("link_scale", dk), _Slot("latency_scale", dk)]
         counts = {sum(1 for g, s in zip(r.decision.gpus, r.decision.shares,
                                         strict=True)
                       if s > 0 and machine.devices[g].kind == dk) for r in runs}

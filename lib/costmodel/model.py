@@ -33,7 +33,8 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   one, against this model, gets that fraction ``g_i / max g`` of its capacity
   (:func:`lib.costmodel.speed.speed_snapshot`).
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
-  latency.
+  latency (each scaled by what calibration measured of the link,
+  :func:`host_link_terms`).
 - ``t_launch`` holds the launch and, on a device shared with other processes
   where telemetry measured its capacity, the wait for the scheduler
   ``w_kind (1 / c_i - 1)`` once per shard: a worker woken on a core that
@@ -112,6 +113,10 @@ class CostParams:
             shard in parallel (~5 us on a GPU and on a CPU worker).
         link_scale: device kind -> multiplier on host-link bandwidth (measured
             over datasheet); 1.0 uncalibrated.
+        latency_scale: device kind -> multiplier on the host link's latency,
+            each copy's fixed cost (absent: 1, the profile's figure; fitted
+            from runs of tasks small enough that the copies' latencies are
+            most of their time, as ``link_scale`` is from large ones).
         source: ``"default"`` or what they were fitted to.
         fitted: the names of the parameters that came from measurement.
         contention: device kind -> exponent ``gamma`` on a device's slowdown
@@ -155,6 +160,7 @@ class CostParams:
     cache_bw: Mapping[str, float] = field(default_factory=dict)
     corun: Mapping[str, float] = field(default_factory=dict)
     cache_size: Mapping[str, float] = field(default_factory=dict)
+    latency_scale: Mapping[str, float] = field(default_factory=dict)
 
     def cache_bytes(self, device: Device) -> float:
         """The last-level cache ``device`` is priced with: the calibrated
@@ -340,24 +346,33 @@ def split_time_coefficients(task: TaskSpec, machine: Machine, i: int,
     """
     params = params or _DEFAULT
     w = workload(task)
-    dev = machine.devices[i]
-    link = machine.host_link(i)
-    bw = link.bandwidth * params.link_scale.get(dev.kind, 1.0)
+    bw, lat = host_link_terms(machine, i, params)
     launch = launch_seconds(machine, i, params) \
         + wait_seconds(machine, i, params, telemetry)
     inputs = 0.0 if machine.cluster else 1.0
 
     def parts(rows: int) -> tuple[float, float, float]:
         work = w.work(task, rows)
-        xfer = launch + transfer_seconds(inputs * work.bytes_in, bw, link.latency)
+        xfer = launch + transfer_seconds(inputs * work.bytes_in, bw, lat)
         if copy_out:
-            xfer += transfer_seconds(work.bytes_out, bw, link.latency)
+            xfer += transfer_seconds(work.bytes_out, bw, lat)
         return (xfer, *roofline_terms(task, work, machine, i, params, telemetry))
 
     one, two = parts(1), parts(2)
     slopes = [y - x for x, y in zip(one, two, strict=True)]
     return (one[0] - slopes[0], slopes[0], one[1] - slopes[1], slopes[1],
             one[2] - slopes[2], slopes[2])
+
+
+def host_link_terms(machine: Machine, i: int, params: CostParams = _DEFAULT
+                    ) -> tuple[float, float]:
+    """``(bandwidth, latency)`` of device i's host link as a shard's copies
+    are priced: the profile's figures times ``link_scale`` and
+    ``latency_scale`` of the device's kind."""
+    link = machine.host_link(i)
+    kind = machine.devices[i].kind
+    return (link.bandwidth * params.link_scale.get(kind, 1.0),
+            link.latency * params.latency_scale.get(kind, 1.0))
 
 
 def launch_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT) -> float:
@@ -429,8 +444,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
     for pos, (dev_index, (lo, hi)) in enumerate(zip(decision.gpus, bounds,
                                                     strict=True)):
         dev = machine.devices[dev_index]
-        link = machine.host_link(dev_index)
-        bw = link.bandwidth * params.link_scale.get(dev.kind, 1.0)
+        bw, lat = host_link_terms(machine, dev_index, params)
         rows = hi - lo
         work = w.work(task, rows)
         if rows == 0:
@@ -447,16 +461,16 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
             chunks = max(1, math.ceil(rows / max(1, decision.chunk)))
         if chunks == 1:
             t_in = 0.0 if machine.cluster else \
-                transfer_seconds(work.bytes_in, bw, link.latency)
-            t_out = transfer_seconds(out_bytes, bw, link.latency)
+                transfer_seconds(work.bytes_in, bw, lat)
+            t_out = transfer_seconds(out_bytes, bw, lat)
             parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
                                     launch + wait, t_in, t_comp, t_out, 1))
             continue
         # Pipelined: fixed inputs first, then c chunks through three stages.
-        t_fixed = transfer_seconds(work.bytes_in_fixed, bw, link.latency)
-        a = transfer_seconds(work.bytes_in_rows / chunks, bw, link.latency)
+        t_fixed = transfer_seconds(work.bytes_in_fixed, bw, lat)
+        a = transfer_seconds(work.bytes_in_rows / chunks, bw, lat)
         b = t_comp / chunks
-        o = transfer_seconds(out_bytes / chunks, bw, link.latency) \
+        o = transfer_seconds(out_bytes / chunks, bw, lat) \
             if task.merge == "concat" else 0.0
         steady = (chunks - 1) * max(a, b, o)
         # Attribute the overlapped steady state to whichever stage bounds it.
@@ -464,7 +478,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
         t_c = b + (steady if b > a and b >= o else 0.0)
         t_o = o + (steady if o > max(a, b) else 0.0)
         if task.merge == "sum":
-            t_o = transfer_seconds(out_bytes, bw, link.latency)
+            t_o = transfer_seconds(out_bytes, bw, lat)
         parts.append(DeviceTime(dev_index, dev.label, rows, decision.shares[pos],
                                 chunks * launch + wait, t_in, t_c, t_o, chunks))
     t_merge = merge_seconds(task, decision, machine, params, parts)

@@ -50,6 +50,8 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "cache_bw": {k: float(v) for k, v in sorted(params.cache_bw.items())},
             "corun": {k: float(v) for k, v in sorted(params.corun.items())},
             "cache_size": {k: float(v) for k, v in sorted(params.cache_size.items())},
+            "latency_scale": {k: float(v)
+                              for k, v in sorted(params.latency_scale.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -90,6 +92,9 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # size (0 where chosen: no run behaved as if its data stayed cached)
         tables["cache_size"] = {dk: number(v, f"cache_size.{dk}", off=True)
                                 for dk, v in obj.get("cache_size", {}).items()}
+        # and before the link's latency was: the profile's
+        tables["latency_scale"] = {dk: number(v, f"latency_scale.{dk}")
+                                   for dk, v in obj.get("latency_scale", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

@@ -288,7 +288,8 @@ class _Devices:
                                 for i, d in zip(usable, devs, strict=True)]) / slow
         self.bw = np.array([lk.bandwidth * params.link_scale.get(d.kind, 1.0)
                             for lk, d in zip(links, devs, strict=True)])
-        self.lat = np.array([lk.latency for lk in links])
+        self.lat = np.array([lk.latency * params.latency_scale.get(d.kind, 1.0)
+                             for lk, d in zip(links, devs, strict=True)])
         self.launch = np.array([launch_seconds(machine, i, params) for i in usable])
         #: the scheduler wait, once per shard however many chunks it has
         self.wait = np.array([wait_seconds(machine, i, params, telemetry)
