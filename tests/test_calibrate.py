@@ -90,11 +90,19 @@ def synthetic_runs(machine, params, noise=0.01, seed=1):
     return runs
 
 
+def _base_like(params):
+    """The defaults, with the launch of ``params``: these runs (every shard
+    copies in and out once) leave the launch to the base, their fixed cost
+    to ``latency_scale``, so the fast model reads the launch from its base."""
+    return dataclasses.replace(default_params(), launch_s={
+        **default_params().launch_s, "cpu": params.launch_s["cpu"]})
+
+
 def test_fast_model_matches_predict(machine):
     params = truth_params()
     runs = parse_runs(synthetic_runs(machine, params, noise=0.0), machine)
     slots = slots_for(machine, runs)
-    fast = _FastModel(runs, machine, slots, default_params())
+    fast = _FastModel(runs, machine, slots, _base_like(params))
     got = fast.predict(np.array([_get(params, s) for s in slots]))
     want = np.array([r.seconds for r in runs])
     np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -262,7 +270,7 @@ def test_fast_model_matches_predict_at_recorded_capacity(machine):
                       machine)
     assert any(r.capacity for r in runs) and any(not r.capacity for r in runs)
     slots = slots_for(machine, runs)
-    fast = _FastModel(runs, machine, slots, default_params())
+    fast = _FastModel(runs, machine, slots, _base_like(params))
     got = fast.predict(np.array([_get(params, s) for s in slots]))
     want = [predict(r.task, r.decision, machine, r.snapshot(machine), params).total
             for r in runs]
@@ -394,7 +402,7 @@ def test_the_scheduler_wait_is_fitted_from_runs_under_load(machine):
     parsed = parse_runs(runs, machine)
     slots = slots_for(machine, parsed)
     assert _Slot("sched_wait", "cpu") in slots
-    fast = _FastModel(parsed, machine, slots, default_params())
+    fast = _FastModel(parsed, machine, slots, _base_like(truth))
     got = fast.predict(np.array([_get(truth, s) for s in slots]))
     want = [predict(r.task, r.decision, machine, r.snapshot(machine), truth).total
             for r in parsed]
@@ -416,7 +424,7 @@ def test_the_hosts_cost_per_shard_is_fitted_from_runs_on_one_and_two_devices(mac
     parsed = parse_runs(runs, machine)
     slots = slots_for(machine, parsed)
     assert _Slot("host_s", "cpu") in slots
-    fast = _FastModel(parsed, machine, slots, default_params())
+    fast = _FastModel(parsed, machine, slots, _base_like(truth))
     got = fast.predict(np.array([_get(truth, s) for s in slots]))
     want = [predict(r.task, r.decision, machine, None, truth).total for r in parsed]
     np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -323,8 +323,14 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
     for dk in dev_kinds:
         for k in kinds:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
-        slots += [_Slot("launch_s", launch_slot(machine, dk)),
-                  _Slot("link_scale", dk), _Slot("latency_scale", dk)]
+        if machine.cluster:
+            slots += [_Slot("launch_s", launch_slot(machine, dk)),
+                      _Slot("link_scale", dk)]
+        elif _launch_apart(machine, runs, dk):
+            slots += [_Slot("launch_s", dk), _Slot("link_scale", dk),
+                      _Slot("latency_scale", dk)]
+        else:  # one fixed cost a shard: the latency's scale holds it all
+            slots += [_Slot("link_scale", dk), _Slot("latency_scale", dk)]
         counts = {sum(1 for g, s in zip(r.decision.gpus, r.decision.shares,
                                         strict=True)
                       if s > 0 and machine.devices[g].kind == dk) for r in runs}
@@ -343,6 +349,30 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
             # only runs under load tell these, and only enough of them
             slots += [_Slot("contention", dk), _Slot("sched_wait", dk)]
     return slots
+
+
+def _launch_apart(machine: Machine, runs: Sequence[MeasuredRun], kind: str) -> bool:
+    """Whether the runs tell a shard's launch from its copies' latencies on
+    devices of ``kind``: a pipelined run (a launch and copies per chunk) or
+    shards that copy a different number of times (one with nothing to copy
+    out, say). Where every shard launches once and copies in and out once,
+    Eq. (1) sees only their sum: two parameters for it would trade off
+    without end, so the latency's scale takes it all (it can go below the
+    profile's estimate, as a launch cannot go below zero) and the launch
+    keeps its default."""
+    copies = set()
+    for r in runs:
+        w = workload(r.task)
+        for g, (lo, hi) in zip(r.decision.gpus, split_rows(r.task.split_size,
+                                                          r.decision.shares),
+                               strict=True):
+            if hi <= lo or machine.devices[g].kind != kind:
+                continue
+            if r.decision.mode == "pipelined":
+                return True
+            work = w.work(r.task, hi - lo)
+            copies.add((work.bytes_in > 0) + (work.bytes_out > 0))
+    return len(copies) > 1
 
 
 def launch_slot(machine: Machine, device_kind: str) -> str:
