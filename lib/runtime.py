@@ -21,7 +21,7 @@ from typing import Any
 
 from lib.contract import Decision, TaskSpec
 from lib.costmodel.contention import contention_level, effective_snapshot
-from lib.costmodel.history import History
+from lib.costmodel.history import History, record_run
 from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
@@ -156,10 +156,8 @@ class Agent:
             raise DecisionRejected(verdict)
         result = self.backend.run(task, decision, verify=verify)
         if result.metrics.measured:  # MEASURED runs teach; PREDICTED ones cannot
-            history = History.load(self.machine.name)
-            history.update(task, decision, result, self.telemetry, self.machine,
-                           params_for(self.machine.name))
-            history.save()
+            record_run(task, decision, result, self.telemetry, self.machine,
+                       params_for(self.machine.name))
         return result
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from lib.costmodel.history import (
     History,
     HistoryError,
     history_path,
+    record_run,
     robust_rate,
 )
 from lib.costmodel.model import default_params, predict, wait_seconds
@@ -632,3 +633,49 @@ def test_cli_shows_the_overheads(capsys):
                if line.strip().startswith("0 beside capacity"))
     # mean 0.8 ms, median 0.45 ms, four samples, four runs
     assert row.split()[-6:] == ["800", "us", "450", "us", "4", "4"]
+
+
+def test_recording_runs_parses_the_file_once_and_keeps_it_whole(home, monkeypatch):
+    """The runtime's learning step: the history it wrote is updated in memory
+    while the file holds what it wrote, and the file always holds every run."""
+    from lib.costmodel import history as history_module
+
+    machine = load_machine("local-cpu")
+    parsed = []
+    real_read = history_module._read
+    monkeypatch.setattr(history_module, "_read",
+                        lambda *a, **k: parsed.append(a[0]) or real_read(*a, **k))
+    for seconds in (0.5, 0.25, 0.125):
+        record_run(*_run({0: seconds}), None, machine, default_params())
+    assert parsed == []                                 # never read back
+    assert History.peek("local-cpu").runs("matmul", "fp32", 0) == 3
+    assert parsed == []                                 # nor by the next decision
+    monkeypatch.setattr(history_module, "_read", real_read)
+    on_disk = History.load("local-cpu")
+    assert on_disk.runs("matmul", "fp32", 0) == 3
+    assert on_disk.to_json() == History.peek("local-cpu").to_json()
+
+
+def test_a_history_changed_by_another_writer_is_read_before_a_run_is_added(home):
+    machine = load_machine("local-cpu")
+    record_run(*_run({0: 0.5}), None, machine, default_params())
+    other = History.load("local-cpu")               # another process's runs
+    other.update(*_run({1: 0.5}, devices=(1,)))
+    other.save()
+    record_run(*_run({0: 0.25}), None, machine, default_params())
+    back = History.load("local-cpu")
+    assert back.runs("matmul", "fp32", 0) == 2 and back.runs("matmul", "fp32", 1) == 1
+
+
+def test_recording_a_run_refuses_a_malformed_history_and_leaves_it(home):
+    machine = load_machine("local-cpu")
+    record_run(*_run({0: 0.5}), None, machine, default_params())
+    path = history_path("local-cpu")
+    path.write_text("{not json")                    # damaged between two runs
+    with pytest.raises(HistoryError) as exc:
+        record_run(*_run({0: 0.25}), None, machine, default_params())
+    assert str(path) in str(exc.value) and "\n" not in str(exc.value)
+    assert path.read_text() == "{not json"
+    path.unlink()
+    with pytest.raises(HistoryError, match="teaches nothing"):
+        record_run(*_run({0: 0.25}, measured=False), None, machine, default_params())
