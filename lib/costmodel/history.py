@@ -37,6 +37,13 @@ PREDICTED runs (the model backend) teach nothing: :meth:`History.update`
 refuses them. Caveat: the per-device seconds are what the backend measured for
 the shard (on the cpu backend, from the worker receiving its job to its result
 written), so the rate of a small shard includes its fixed costs.
+
+Why one module: what a run teaches (:meth:`History.update`), the file it is
+kept in, the strict reader that refuses a malformed file and the two paths
+that skip re-reading it (:meth:`History.peek` for decisions,
+:func:`record_run` for the runtime's runs) must agree field by field and on
+when the file on disk is the one in memory; apart, one of them would serve a
+history the others never wrote.
 """
 
 from __future__ import annotations
