@@ -20,11 +20,11 @@ shared with every other tenant), and then every characterisation task
 "fits", the cache term cannot be told from the memory efficiencies, and the
 model misses the runs that stream from memory. So :func:`fit_params` also
 chooses, per device kind, the size the runs behave as if they had
-(``CostParams.cache_size``): it fits the runs once per distinct split of them
-into fitting and not fitting that a size of a whole number of MiB, a power
-of two up to the reported size (and none), makes, and keeps the size whose
-fit leaves the smallest mean absolute log error, the reported one unless
-another is better by :data:`CACHE_GAIN`.
+(``CostParams.cache_size``): each distinct split of the runs into fitting
+and not fitting that a power-of-two number of MiB up to the reported size
+makes (and none fitting) is ranked by one robust pass of the fit, the two
+best are fitted in full, and the reported size stays unless one of them
+leaves a mean absolute log error lower by :data:`CACHE_GAIN`.
 
 Why one module: the entries the runs can fit (:func:`slots_for`), the array
 shortcut of Eq. (1) the fit's inner loop evaluates (:class:`_FastModel`), the
@@ -97,9 +97,8 @@ CACHE_GAIN = 0.05
 #: Runs needed on each side of a cache size before it is tried (a split that
 #: puts one run in the cache gives the cache term one run to fit exactly).
 MIN_CACHE_SIDE = 3
-#: The sizes tried: powers of two of MiB from 1 MiB (no last-level cache is
-#: smaller) up to the reported size, or to the largest task's data where the
-#: device reports none.
+#: The smallest cache size tried (no last-level cache is smaller); the
+#: others are its powers of two (:func:`cache_sizes`).
 _MIB = 2.0 ** 20
 
 
@@ -466,9 +465,11 @@ def _sized(base: CostParams, chosen: CostParams, kind: str, size: float
 def cache_sizes(machine: Machine, runs: Sequence[MeasuredRun],
                 params: CostParams) -> dict[str, list[float]]:
     """Per device kind, the cache sizes :func:`fit_params` tries besides the
-    one ``params`` prices with: one per distinct split of the kind's runs
-    into fitting and not fitting, with :data:`MIN_CACHE_SIDE` runs on each
-    side, or none fitting (size 0, the cache term off)."""
+    one ``params`` prices with: powers of two of MiB up to that size (up to
+    twice the largest task's data where the devices report none), one per
+    distinct split of the kind's runs into fitting and not fitting, with
+    :data:`MIN_CACHE_SIDE` runs on each side, and none fitting (size 0, the
+    cache term off)."""
     out: dict[str, list[float]] = {}
     for kind in sorted({machine.devices[g].kind
                         for r in runs for g in r.decision.gpus}):

@@ -24,8 +24,8 @@ Eq. (1) predicts for its shard (:mod:`lib.costmodel.speed`,
 the others into the capacity the policy sees.
 
 On disk: ``<home>/history/<machine>.json``, written with
-:func:`lib.storage.write_json_atomic`. A malformed file is refused with one line
-naming it, and never overwritten.
+:func:`lib.storage.write_atomic` as compact JSON. A malformed file is refused
+with one line naming it, and never overwritten.
 
 The history also keeps, per device and length of shard, how much of the
 contention on a busy device its shards felt (:mod:`lib.costmodel.contention`
@@ -94,7 +94,7 @@ from lib.costmodel.speed import (
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
 from lib.platform.workloads import split_rows, workload
-from lib.storage import file_stem, gpuhive_home, write_atomic, write_json_atomic
+from lib.storage import file_stem, gpuhive_home, write_atomic
 
 SCHEMA = "gpuhive.history/1"
 #: Samples kept per figure (the most recent).
@@ -217,7 +217,8 @@ class History:
         """:meth:`load`, remembered while the file's bytes are unchanged: for
         reading only, as every decision does (reading and hashing the file
         costs a fraction of parsing it). The object is shared: do not update
-        it.
+        it, and do not keep it past the decision (where this process wrote
+        the file, it is the history :func:`record_run` updates next).
 
         Raises:
             HistoryError: the file exists but is not a readable history.
@@ -420,7 +421,11 @@ class History:
         """
         if self.path.exists():
             _read(self.path, self.machine)   # refuse to overwrite a bad file
-        return write_json_atomic(self.to_json(), self.path, indent=None)
+        return write_atomic(self.path, self.file_bytes())
+
+    def file_bytes(self) -> bytes:
+        """What :meth:`save` writes: the history as compact JSON."""
+        return (json.dumps(self.to_json(), allow_nan=False) + "\n").encode()
 
 
 def record_run(task: TaskSpec, decision: Decision, result: Any,
@@ -460,9 +465,9 @@ def record_run(task: TaskSpec, decision: Decision, result: Any,
         history = History(machine.name, *_read(path, machine.name, data))
     _WRITTEN.pop(key, None)  # mid-update it is not what the file holds
     done = history.update(task, decision, result, snapshot, machine, params)
-    text = json.dumps(history.to_json(), allow_nan=False) + "\n"
-    write_atomic(path, text.encode())
-    _WRITTEN[key] = (hashlib.blake2b(text.encode()).hexdigest(), history)
+    data = history.file_bytes()
+    write_atomic(path, data)
+    _WRITTEN[key] = (hashlib.blake2b(data).hexdigest(), history)
     return done
 
 
