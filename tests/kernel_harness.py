@@ -39,6 +39,7 @@ from lib.codegen.emulate import (  # noqa: F401  (re-exported for the tests)
     f32,
     f64,
     find_cxx,
+    finding,
     float_to_bf16_bits,
     i32,
     i64,

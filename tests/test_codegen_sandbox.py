@@ -82,6 +82,21 @@ def test_a_benign_answer_is_served_from_its_canonical_text(gen):
     assert "#pragma unroll 1" in kernel.source and "#define" not in kernel.source
 
 
+def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
+    """An answer that computes the right result and, at a launch's size,
+    writes 16 MiB before its output: past every redzone, so without the
+    emulated buffers' guards it landed in other live memory and was served."""
+    task, decision = _task()
+    code = KERNEL.replace(
+        "out[i] = a * x[i] + y[i];",
+        "{ out[i] = a * x[i] + y[i];\n"
+        "          if (n >= 100000 && i == n - 1) out[i - 4000000LL] = 0.0f; }")
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label != "LLM"
+    why = " ".join(kernel.reasons)
+    assert "AddressSanitizer: SEGV" in why, why
+
+
 def test_a_payload_hidden_from_nvrtc_is_gone_from_what_the_host_builds(
         gen, tmp_path, blind_scanner):
     marker = tmp_path / "host-marker"

@@ -435,6 +435,49 @@ def test_asan_stops_an_out_of_bounds_write(emu):
         )
 
 
+FAR = 1 << 18
+"""Elements of the buffers of the far-write canary (1 MiB of float32 each)."""
+
+
+@pytest.mark.parametrize("offset", [-4_000_000, -(FAR + 4096), 4_000_000, 3 * FAR])
+def test_a_write_far_past_a_buffer_faults_instead_of_landing_elsewhere(emu, offset):
+    # far enough that no redzone reaches it: without the driver's guards the
+    # write landed in other live memory and the run passed (4 million floats
+    # before the output did, every time)
+    with pytest.raises(kh.EmulationError) as err:
+        kh.run_emulated(
+            emu["canary", "asan"], "canary_write_far", 4, 256,
+            [kh.read_only(np.ones(FAR, np.float32)),
+             kh.read_write(np.zeros(FAR, np.float32)), kh.i64(FAR), kh.i64(offset)],
+        )
+    first = str(err.value).splitlines()[0]
+    assert "AddressSanitizer" in first and ("SEGV" in first or "overflow" in first)
+
+
+def test_the_far_write_canary_passes_within_its_buffer(emu):
+    x = np.arange(FAR, dtype=np.float32)
+    (out,) = kh.run_emulated(
+        emu["canary", "asan"], "canary_write_far", 4, 256,
+        [kh.read_only(x), kh.read_write(np.zeros(FAR, np.float32)), kh.i64(FAR),
+         kh.i64(FAR // 2)],
+    )
+    want = x.copy()
+    want[FAR // 2] = 1.0
+    np.testing.assert_array_equal(out, want)
+
+
+def test_the_finding_leads_the_message():
+    stderr = ("==7==ERROR: AddressSanitizer: SEGV on unknown address 0x7f00\n"
+              + "    #0 0x1 in frame\n" * 500)
+    assert kh.finding(stderr) == "==7==ERROR: AddressSanitizer: SEGV on unknown " \
+        "address 0x7f00"
+    assert kh.finding("k.cu:3:5: runtime error: signed integer overflow") \
+        == "k.cu:3:5: runtime error: signed integer overflow"
+    assert kh.finding("driver: the kernel wrote to its read-only input a") \
+        == "driver: the kernel wrote to its read-only input a"
+    assert kh.finding("Segmentation fault") == "no sanitizer report"
+
+
 def test_tsan_reports_a_missing_barrier(emu):
     with pytest.raises(kh.EmulationError, match="ThreadSanitizer: data race"):
         kh.run_emulated(

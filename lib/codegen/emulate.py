@@ -23,6 +23,7 @@ output limits still hold).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -57,7 +58,10 @@ BUILDS = {
 
 ``asan`` adds AddressSanitizer and UndefinedBehaviorSanitizer (out-of-bounds
 accesses, signed overflow in index arithmetic), built at ``-O0`` so nothing is
-optimised away from their view; ``tsan`` adds ThreadSanitizer, which sees a
+optimised away from their view; in it the driver puts each buffer in its own
+mapping between two inaccessible 32 GiB guards, so an access far past a buffer,
+beyond any redzone, faults instead of landing in another live allocation
+(``emu/driver.cpp``); ``tsan`` adds ThreadSanitizer, which sees a
 missing ``__syncthreads`` as a data race between the block's threads. With
 :data:`SANITIZER_ENV` every finding is fatal.
 """
@@ -277,11 +281,24 @@ def run_emulated(
         if proc.returncode != 0:
             raise EmulationError(
                 f"{entry} (grid {grid}, block {block}) exited with "
-                f"{proc.returncode}:\n{proc.stderr[-4000:]}"
+                f"{proc.returncode}: {finding(proc.stderr)}\n{proc.stderr[-4000:]}"
             )
         return [
             np.fromfile(path, dtype=a.dtype).reshape(a.shape) for path, a in outputs
         ]
+
+
+_FINDING = re.compile(r"^(?:==\d+==)?\s*(?:ERROR|WARNING): \w+Sanitizer: .*$|"
+                      r"^.*runtime error: .*$|^driver: .*$", re.MULTILINE)
+
+
+def finding(stderr: str) -> str:
+    """The line of an emulated run's ``stderr`` that says what went wrong (a
+    sanitizer's report, UBSan's runtime error, the driver's own refusal): a
+    sanitizer's stack trace can run past what an error message keeps, and its
+    headline is at the top. "no sanitizer report" where there is none."""
+    m = _FINDING.search(stderr)
+    return m.group(0).strip() if m else "no sanitizer report"
 
 
 def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
@@ -316,10 +333,11 @@ def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
             raise EmulationError(f"{entry} (grid {grid}, block {block}) ran past "
                                  f"{timeout_s} s (sandboxed)")
         if result.returncode != 0:
+            stderr = result.stderr.decode(errors="replace")
             raise EmulationError(
                 f"{entry} (grid {grid}, block {block}) exited with "
-                f"{result.returncode} (sandboxed):\n"
-                + result.stderr.decode(errors="replace")[-4000:])
+                f"{result.returncode} (sandboxed): {finding(stderr)}\n"
+                + stderr[-4000:])
         return [np.fromfile(path, dtype=a.dtype).reshape(a.shape)
                 for path, a in outputs]
     finally:

@@ -54,3 +54,14 @@ extern "C" __global__ void canary_conversions(const float* x, __half* h,
     b[i] = __float2bfloat16(x[i]);
     b_back[i] = __bfloat162float(b[i]);
 }
+
+// Copies in to out, then writes one element `offset` elements from out[0]:
+// a far out-of-bounds write when offset lies well outside [0, n), which a
+// sanitizer's redzones do not reach (the driver's guards do).
+extern "C" __global__ void canary_write_far(const float* in, float* out, long long n,
+                                            long long offset) {
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long i = first; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = in[i];
+    if (first == 0) out[offset] = 1.0f;
+}

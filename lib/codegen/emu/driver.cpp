@@ -13,10 +13,19 @@
 //   in:<path>   a const T* buffer read from a raw file
 //   io:<path>   a T* buffer read from a raw file and written back after the run
 // Buffers are allocated at exactly the file's size, so a sanitizer sees any
-// access past either end. Exit status 0 on success, 2 on a usage error, 3 when
-// the kernel changed a read-only input.
+// access past either end. Under AddressSanitizer each buffer also lies in its
+// own mapping between two inaccessible guards of GH_GUARD_BYTES (32 GiB: the
+// reach of a 32-bit index into 8-byte elements), 256-byte aligned as cudaMalloc
+// aligns, its end within 256 bytes of the upper guard and the slack on either
+// side poisoned: an access far past either end, which
+// a sanitizer's redzones do not reach and which would otherwise land in another
+// live allocation unseen, faults. Exit status 0 on success, 2 on a usage
+// error, 3 when the kernel changed a read-only input.
 
 #include "../cuda_emu.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
@@ -31,6 +40,21 @@
 #endif
 #include GH_KERNEL_SOURCE
 
+#if defined(__SANITIZE_ADDRESS__)
+#define GH_GUARDED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GH_GUARDED 1
+#endif
+#endif
+#ifdef GH_GUARDED
+#include <sanitizer/asan_interface.h>
+#endif
+
+#ifndef GH_GUARD_BYTES
+#define GH_GUARD_BYTES (std::size_t{1} << 35)
+#endif
+
 namespace {
 
 [[noreturn]] void usage(const std::string& message) {
@@ -38,9 +62,63 @@ namespace {
     std::exit(2);
 }
 
+// A buffer's storage: new[] in a plain build; under AddressSanitizer its own
+// mapping, [guard | slack | bytes | slack | guard], the bytes aligned to
+// 256 and ending less than 256 bytes from the upper guard (the file header
+// says why).
+class Storage {
+  public:
+    // Alignment of a buffer's first byte: cudaMalloc's, 256 bytes (a kernel
+    // may load float4 or wider from it).
+    static constexpr std::size_t kAlign = 256;
+
+    explicit Storage(std::size_t bytes) : bytes_(bytes) {
+#ifdef GH_GUARDED
+        const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+        const std::size_t held = (bytes + kAlign - 1) / kAlign * kAlign;
+        const std::size_t body = (held + kAlign + page - 1) / page * page;
+        span_ = 2 * GH_GUARD_BYTES + body;
+        void* base = mmap(nullptr, span_, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) usage("cannot reserve a guarded buffer");
+        base_ = static_cast<unsigned char*>(base);
+        unsigned char* first = base_ + GH_GUARD_BYTES;
+        if (mprotect(first, body, PROT_READ | PROT_WRITE) != 0)
+            usage("cannot map a guarded buffer");
+        // aligned as cudaMalloc aligns, as close to the upper guard as that
+        // allows; the slack on either side is readable memory: poison it
+        data_ = first + body - held;
+        ASAN_POISON_MEMORY_REGION(first, data_ - first);
+        if (held > bytes) ASAN_POISON_MEMORY_REGION(data_ + bytes, held - bytes);
+#else
+        owned_.reset(new unsigned char[bytes]);
+        data_ = owned_.get();
+#endif
+    }
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+    ~Storage() {
+#ifdef GH_GUARDED
+        if (base_) munmap(base_, span_);
+#endif
+    }
+    unsigned char* get() const { return data_; }
+    std::size_t size() const { return bytes_; }
+
+  private:
+    std::size_t bytes_ = 0;
+    unsigned char* data_ = nullptr;
+#ifdef GH_GUARDED
+    unsigned char* base_ = nullptr;
+    std::size_t span_ = 0;
+#else
+    std::unique_ptr<unsigned char[]> owned_;
+#endif
+};
+
 struct Buffer {
     std::string path;
-    std::unique_ptr<unsigned char[]> data;
+    std::unique_ptr<Storage> data;
     std::size_t bytes = 0;
     bool write_back = false;
     std::vector<char> original;  // an input's bytes as loaded, to check after
@@ -59,11 +137,11 @@ class Buffers {
         Buffer b;
         b.path = path;
         b.bytes = bytes.size();
-        b.data.reset(new unsigned char[b.bytes]);
-        if (b.bytes) std::memcpy(b.data.get(), bytes.data(), b.bytes);
+        b.data.reset(new Storage(b.bytes));
+        if (b.bytes) std::memcpy(b.data->get(), bytes.data(), b.bytes);
         b.write_back = write_back;
         if (!write_back) b.original = bytes;
-        T* p = reinterpret_cast<T*>(b.data.get());
+        T* p = reinterpret_cast<T*>(b.data->get());
         buffers_.push_back(std::move(b));
         return p;
     }
@@ -74,7 +152,7 @@ class Buffers {
     void write_back() const {
         for (const Buffer& b : buffers_) {
             if (!b.write_back) {
-                if (b.bytes && std::memcmp(b.original.data(), b.data.get(), b.bytes)) {
+                if (b.bytes && std::memcmp(b.original.data(), b.data->get(), b.bytes)) {
                     std::fprintf(stderr, "driver: the kernel wrote to its read-only "
                                          "input %s\n", b.path.c_str());
                     std::exit(3);
@@ -82,7 +160,7 @@ class Buffers {
                 continue;
             }
             std::ofstream out(b.path, std::ios::binary | std::ios::trunc);
-            out.write(reinterpret_cast<const char*>(b.data.get()),
+            out.write(reinterpret_cast<const char*>(b.data->get()),
                       static_cast<std::streamsize>(b.bytes));
             if (!out) usage("cannot write " + b.path);
         }
