@@ -26,6 +26,7 @@ from lib.codegen import (
     extract_code,
     render_template,
     single_kernel,
+    spotcheck,
 )
 from lib.codegen.emulate import find_cxx
 from lib.codegen.llm import (
@@ -289,6 +290,34 @@ def test_tampered_entry_is_evicted_regenerated_and_logged(gen, caplog):
                for r in caplog.records)
     third = gen.generate(task, decision)
     assert third.cached and third.verdicts["gate2b"].accepted
+
+
+@needs_nvrtc
+@needs_cxx
+def test_a_kernel_checked_in_emulation_is_checked_again_on_a_device(
+        gen, monkeypatch):
+    task, decision = _pair("reduce", "fp32")
+    first = gen.generate(task, decision, "recorded")
+    assert first.spot.runner == "emulated" and not first.cached
+    assert gen.generate(task, decision, "recorded").cached
+    # the same cache read by a host that spot-checks on its GPU: no hit for
+    # the emulated check's entry; the answer is checked there (a stand-in
+    # for the device run, which this computer cannot make) and sealed anew
+    ran = []
+
+    def on_device(source, task_, decision_, runner, **kw):
+        ran.append(runner)
+        return spotcheck.SpotResult(True, 0.0, "cuda", task_.describe(), 0.0)
+
+    monkeypatch.setattr(spotcheck, "spot_check", on_device)
+    device = CodeGenerator(cache=gen.cache, spot_runner="cuda",
+                           measure_resources=False)
+    again = device.generate(task, decision, "recorded")
+    assert ran == ["cuda"] and not again.cached and again.spot.runner == "cuda"
+    assert again.cache_key != first.cache_key and again.source == first.source
+    assert device.generate(task, decision, "recorded").cached
+    # and the host without a GPU still hits its own entry
+    assert gen.generate(task, decision, "recorded").cache_key == first.cache_key
 
 
 def _write_one(home: str, barrier) -> str:

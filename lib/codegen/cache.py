@@ -7,7 +7,9 @@ the template version, the target architecture, the compile options and the
 compiler version, and it is what the seal binds as the entry's config hash, so
 an entry cannot be swapped between keys, providers, models, architectures,
 options or compilers: a generator set up for ``compute_80`` never asks for the
-key of a ``compute_90`` build.
+key of a ``compute_90`` build. For an LLM's kernel the version names where its
+spot check ran too (``.spot-emulated``, ``.spot-cuda``): a host with a GPU
+never serves a kernel that was only checked in emulation.
 
 A hit is re-verified by :meth:`Seal.load` every time (MAC, key binding,
 rollback and placement against the high-water index next to the key, the

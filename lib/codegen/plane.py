@@ -238,7 +238,11 @@ class CodeGenerator:
         else:
             name, model = provider.name, provider.model
             label = LABELS.get(name, provider.label)
-            version = f"{version}.p{llm.PROMPT_VERSION}"
+            # where its spot check ran is part of an answer's key: a kernel
+            # checked in emulation on a host without a GPU is checked again
+            # on the device by a host with one that reads the same cache
+            version = (f"{version}.p{llm.PROMPT_VERSION}"
+                       f".spot-{spotcheck.resolve_runner(self.spot_runner)}")
         if overrides:
             version += "." + ",".join(f"{k}={v}" for k, v in sorted(
                 overrides.items()))
