@@ -82,6 +82,22 @@ def test_a_benign_answer_is_served_from_its_canonical_text(gen):
     assert "#pragma unroll 1" in kernel.source and "#define" not in kernel.source
 
 
+def test_common_legal_cuda_that_only_draws_warnings_is_served(gen):
+    """An int compared with blockDim.x, a size_t loop against the long long
+    n and an unused local: NVRTC compiles them without a word, and the host
+    build of the spot check used to refuse them (-Werror)."""
+    task, decision = _task()
+    code = KERNEL.replace(
+        "    const long long stride",
+        "    int tid = threadIdx.x;\n    int unused = 3;\n    const long long stride",
+    ).replace(
+        "out[i] = a * x[i] + y[i];",
+        "if (tid < blockDim.x) out[i] = a * x[i] + y[i];\n"
+        "    for (size_t j = 0; j < n && j < 1; ++j) (void)j;")
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+
+
 def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
     """An answer that computes the right result and, at a launch's size,
     writes 16 MiB before its output: past every redzone, so without the
