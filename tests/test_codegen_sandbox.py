@@ -98,6 +98,36 @@ def test_common_legal_cuda_that_only_draws_warnings_is_served(gen):
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
 
 
+def test_an_fp16_answer_in_half_arithmetic_is_served(gen):
+    """__half operators, __hfma and __half2 pairs: the API of cuda_fp16.h
+    that NVRTC compiles; the host build of the spot check used to know only
+    the two conversions and refused such an answer."""
+    task = TaskSpec("elementwise", {"N": 1 << 16}, "fp16")
+    decision = Decision((0,), (1.0,), task.split_size, 128, "single").with_hash(task)
+    code = """
+#include <cuda_fp16.h>
+extern "C" __global__ void elementwise_fp16(float a, const __half* x,
+                                            const __half* y, __half* out,
+                                            long long n) {
+    const __half2* x2 = reinterpret_cast<const __half2*>(x);
+    const __half2* y2 = reinterpret_cast<const __half2*>(y);
+    __half2* o2 = reinterpret_cast<__half2*>(out);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n / 2;
+         i += stride) {
+        const float2 xf = __half22float2(x2[i]), yf = __half22float2(y2[i]);
+        o2[i] = __floats2half2_rn(a * xf.x + yf.x, a * xf.y + yf.y);
+    }
+    if ((n & 1) && blockIdx.x == 0 && threadIdx.x == 0) {
+        const __half ha = __float2half_rn(a);
+        out[n - 1] = __hfma(ha, x[n - 1], y[n - 1]) + __half(0.0f);
+    }
+}
+"""
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+
+
 def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
     """An answer that computes the right result and, at a launch's size,
     writes 16 MiB before its output: past every redzone, so without the

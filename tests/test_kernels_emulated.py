@@ -578,3 +578,77 @@ def test_half_conversions_match_numpy(emu):
     np.testing.assert_array_equal(h_back, want_h.astype(np.float32))
     np.testing.assert_array_equal(b, kh.float_to_bf16_bits(x))
     np.testing.assert_array_equal(b_back, kh.bf16_bits_to_float(b))
+
+
+def _rounded(x: np.ndarray, nearest: np.ndarray, back: np.ndarray, ftype) -> dict:
+    """The four rounding modes from round-to-nearest: ``nearest`` (in ``ftype``)
+    and ``back`` (its float32 values), stepped one ulp where the mode asks."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        up = np.nextafter(nearest, ftype(np.inf))
+        down = np.nextafter(nearest, ftype(-np.inf))
+        rd = np.where(back > x, down, nearest)
+        ru = np.where(back < x, up, nearest)
+        rz = np.where(np.abs(back) > np.abs(x), np.where(x > 0, down, up), nearest)
+    return {"rn": nearest, "rz": rz, "rd": rd, "ru": ru}
+
+
+def test_float_to_half_and_bf16_in_every_rounding_mode(emu):
+    rng = np.random.default_rng(11)
+    x = np.concatenate([
+        rng.standard_normal(300).astype(np.float32) * np.float32(1e3),
+        rng.uniform(-(2**-13), 2**-13, 100).astype(np.float32),
+        np.array([0.0, 1.0, -1.0, 1 + 2**-11, 65504, 65519.99, 70000, -70000,
+                  2**-26, -(2**-26)], np.float32)]).astype(np.float32)
+    n = x.size
+    h, b = kh.run_emulated(
+        emu["canary", "asan"], "canary_round_modes", -(-n // 64), 64,
+        [kh.read_only(x), kh.read_write(np.zeros(4 * n, np.uint16)),
+         kh.read_write(np.zeros(4 * n, np.uint16)), kh.i64(n)])
+    with np.errstate(over="ignore"):
+        nearest = x.astype(np.float16)
+    want = _rounded(x, nearest, nearest.astype(np.float32), np.float16)
+    got = h.reshape(n, 4).view(np.float16)
+    for m, mode in enumerate(("rn", "rz", "rd", "ru")):
+        np.testing.assert_array_equal(got[:, m], want[mode], err_msg=mode)
+    # bf16 (no NumPy type): the value each mode names is the nearest where
+    # that already lies on the mode's side of x, else its neighbour one step
+    # away on that side
+    near_bits = kh.float_to_bf16_bits(x).astype(np.int32)
+    near_b = kh.bf16_bits_to_float(near_bits.astype(np.uint16))
+    for m, side in enumerate((None, np.abs, "down", "up")):
+        bits = b.reshape(n, 4)[:, m]
+        col = kh.bf16_bits_to_float(bits)
+        if side is None:
+            np.testing.assert_array_equal(bits, near_bits)
+            continue
+        if side == "down":
+            ok_near, ok_col = near_b <= x, col <= x
+        elif side == "up":
+            ok_near, ok_col = near_b >= x, col >= x
+        else:
+            ok_near, ok_col = np.abs(near_b) <= np.abs(x), np.abs(col) <= np.abs(x)
+        one_step = np.abs(bits.astype(np.int32) - near_bits) == 1
+        assert np.all(np.where(ok_near, bits == near_bits, ok_col & one_step)), side
+
+
+def test_half_arithmetic_as_kernels_write_it(emu):
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal(400) * 50).astype(np.float16)
+    b = (rng.standard_normal(400) * 50).astype(np.float16)
+    n = a.size
+    (out,) = kh.run_emulated(
+        emu["canary", "asan"], "canary_half_math", -(-n // 64), 64,
+        [kh.read_only(a), kh.read_only(b), kh.read_write(np.zeros(8 * n, np.float32)),
+         kh.i64(n)])
+    out = out.reshape(n, 8)
+    f16 = np.float16
+    np.testing.assert_array_equal(out[:, 0], (a + b).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 1], (a - b).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 2], (a * b).astype(np.float32))
+    fma = (a.astype(np.float64) * b + a).astype(f16)     # one rounding
+    np.testing.assert_allclose(out[:, 3], fma.astype(np.float32), rtol=2**-10)
+    np.testing.assert_array_equal(
+        out[:, 4], (a + b).astype(np.float32) + (b * a).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 5], -a.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 6], np.maximum(a, b).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 7], np.trunc(a.astype(np.float32)))

@@ -65,3 +65,42 @@ extern "C" __global__ void canary_write_far(const float* in, float* out, long lo
         out[i] = in[i];
     if (first == 0) out[offset] = 1.0f;
 }
+
+// The rounding modes of float -> half and bf16: out[4 * i + m] for m = rn, rz,
+// rd, ru (half bits in h, bf16 bits in b).
+extern "C" __global__ void canary_round_modes(const float* x, unsigned short* h,
+                                              unsigned short* b, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    h[4 * i + 0] = __half_as_ushort(__float2half_rn(x[i]));
+    h[4 * i + 1] = __half_as_ushort(__float2half_rz(x[i]));
+    h[4 * i + 2] = __half_as_ushort(__float2half_rd(x[i]));
+    h[4 * i + 3] = __half_as_ushort(__float2half_ru(x[i]));
+    b[4 * i + 0] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    b[4 * i + 1] = __bfloat16_as_ushort(__float2bfloat16_rz(x[i]));
+    b[4 * i + 2] = __bfloat16_as_ushort(__float2bfloat16_rd(x[i]));
+    b[4 * i + 3] = __bfloat16_as_ushort(__float2bfloat16_ru(x[i]));
+}
+
+// Half arithmetic as kernels write it: operators, __h* functions, pairs,
+// implicit conversions and integer conversions. out[8 * i + k], k = a + b,
+// a - b, a * b, __hfma(a, b, a), a pair's lanes (a + b, a * b) summed in
+// float, -a, the larger of a and b, and __half2int_rz(a) as a float.
+extern "C" __global__ void canary_half_math(const __half* a, const __half* b,
+                                            float* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const __half x = a[i], y = b[i];
+    __half s = x;
+    s += y;
+    out[8 * i + 0] = s;
+    out[8 * i + 1] = __half2float(x - y);
+    out[8 * i + 2] = __hmul(x, y);
+    out[8 * i + 3] = __hfma(x, y, x);
+    const __half2 p = __halves2half2(x, y), q = __hadd2(p, __lowhigh2highlow(p));
+    const __half2 r = __hmul2(p, __lowhigh2highlow(p));
+    out[8 * i + 4] = __low2float(q) + __high2float(r);
+    out[8 * i + 5] = -x;
+    out[8 * i + 6] = (x > y) ? float(x) : float(__hmax(x, y));
+    out[8 * i + 7] = static_cast<float>(__half2int_rz(x));
+}

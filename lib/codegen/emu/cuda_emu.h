@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -434,26 +435,7 @@ inline float atomicAdd(float* address, float value) {
     return old;
 }
 
-// Storage-only half and bfloat16: the bits of the device types, so arrays of
-// them read and write the same bytes as numpy float16 (and as bfloat16 bits).
-struct __half {
-    std::uint16_t bits;
-};
-
-struct __nv_bfloat16 {
-    std::uint16_t bits;
-};
-
-static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2,
-              "half types must be two bytes, as on the device");
-
-inline float __half2float(__half h) { return gh_emu::half_bits_to_float(h.bits); }
-inline __half __float2half(float f) { return __half{gh_emu::float_to_half_bits(f)}; }
-inline float __bfloat162float(__nv_bfloat16 b) {
-    return gh_emu::bf16_bits_to_float(b.bits);
-}
-inline __nv_bfloat16 __float2bfloat16(float f) {
-    return __nv_bfloat16{gh_emu::float_to_bf16_bits(f)};
-}
+// The half and bfloat16 types and their API (<cuda_fp16.h>, <cuda_bf16.h>).
+#include "cuda_half.h"
 
 #endif  // GH_CUDA_EMU_H
