@@ -128,6 +128,21 @@ extern "C" __global__ void elementwise_fp16(float a, const __half* x,
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
 
 
+def test_an_answer_calling_device_intrinsics_is_served(gen):
+    """isnan, __fmaf_rn, rsqrtf, __float_as_uint and a make_float2 pair: the
+    device API Gate 2a allows, which the host build of the spot check did
+    not have (each refused the answer)."""
+    task, decision = _task()
+    code = KERNEL.replace(
+        "out[i] = a * x[i] + y[i];",
+        "{ const float2 p = make_float2(x[i], y[i]);\n"
+        "        const float one = rsqrtf(1.0f)\n"
+        "            * __uint_as_float(__float_as_uint(1.0f));\n"
+        "        out[i] = isnan(p.x) ? p.x : __fmaf_rn(a * one, p.x, p.y); }")
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+
+
 def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
     """An answer that computes the right result and, at a launch's size,
     writes 16 MiB before its output: past every redzone, so without the

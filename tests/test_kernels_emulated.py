@@ -652,3 +652,42 @@ def test_half_arithmetic_as_kernels_write_it(emu):
     np.testing.assert_array_equal(out[:, 5], -a.astype(np.float32))
     np.testing.assert_array_equal(out[:, 6], np.maximum(a, b).astype(np.float32))
     np.testing.assert_array_equal(out[:, 7], np.trunc(a.astype(np.float32)))
+
+
+def test_intrinsics_and_math_kernels_call(emu):
+    x = np.array([1.5, 2.0**-30, 1.0 + 2.0**-12, np.nan], np.float32)
+    threads = 256
+    u, f, counters, dsum = kh.run_emulated(
+        emu["canary", "asan"], "canary_intrinsics", 1, threads,
+        [kh.read_only(x), kh.read_write(np.zeros(26, np.int64)),
+         kh.read_write(np.zeros(20, np.float64)),
+         kh.read_write(np.array([0, 0, 0, 0xffffffff, 0, 0], np.uint32)),
+         kh.read_write(np.zeros(1, np.float64))])
+    want_u = {
+        0: len(range(0, threads, 3)), 1: 1, 2: 1, 3: sum(range(32)), 4: 31,
+        5: int(x[:1].view(np.int32)[0]), 6: 0x3F800000, 7: 0x80000000,
+        8: 0x55114400, 9: 0x18, 10: 0x10000001, 11: 0xFFFFFFFE, 12: -1,
+        13: 8, 14: 63, 15: 9, 16: 2, 17: -2, 18: -3, 19: 3, 20: 0, 21: -15,
+        22: 3, 23: int(np.float64(1.0).view(np.int64)),
+        24: 2,      # min(-1, 2u) compares as unsigned, as CUDA's overload does
+        25: 9}
+    for k, v in want_u.items():
+        assert u[k] == v, (k, int(u[k]), v)
+    one_plus = np.float64(1.0) + np.float64(x[1])     # exact sum, between floats
+    assert f[0] == 1.0 and f[1] == np.nextafter(np.float32(1), np.float32(2))
+    assert f[0] < one_plus < f[1] and f[2] == 1.0
+    exact_sq = np.float64(x[2]) ** 2
+    assert f[3] <= exact_sq and np.float32(f[3]) == f[3]
+    assert f[5] < 1 / 3 < f[4] and np.nextafter(np.float32(f[5]), np.float32(1)) == f[4]
+    np.testing.assert_allclose(f[6:13], [0.5, 1.0, -1.0, 0.5, 0.4769362762044699,
+                                         0.5, 7.0], rtol=1e-6)
+    assert f[13] == np.float32(0.099999994) and f[14] == 16777216.0
+    np.testing.assert_allclose(f[15], np.float64(x[2]) ** 2 - 1, rtol=1e-6)
+    assert tuple(f[16:20]) == (0.25, 1.0, 3.0, 2.0)
+    # atomics over the block's 256 threads
+    # atomicInc wraps to 0 past its limit, atomicDec to its limit below 0: a
+    # cycle of limit + 1 operations from 0, whatever the threads' order
+    assert counters[0] == threads % 6 and counters[1] == (8 - threads % 8) % 8
+    assert counters[2] == 0xFFFFFFFF and counters[3] == 0
+    assert counters[4] == 0 and counters[5] == 2 * threads
+    assert dsum[0] == 0.5 * threads

@@ -128,7 +128,7 @@ def emulated_build_command(
     path = Path(source)
     entries = " ".join(f"GH_ENTRY({e})" for e in ENTRY_RE.findall(path.read_text()))
     cmd = [
-        cxx, "-std=c++17", "-pthread", "-ffp-contract=off",
+        cxx, "-std=c++17", "-pthread", "-ffp-contract=off", "-frounding-math",
         "-Wall", "-Wextra", *(["-Werror"] if strict else []),
         "-Wno-unknown-pragmas",
         f"-I{EMU_DIR / 'include'}",

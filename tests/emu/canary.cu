@@ -104,3 +104,42 @@ extern "C" __global__ void canary_half_math(const __half* a, const __half* b,
     out[8 * i + 6] = (x > y) ? float(x) : float(__hmax(x, y));
     out[8 * i + 7] = static_cast<float>(__half2int_rz(x));
 }
+
+// A sample of the intrinsics and math kernels call, one value per slot for
+// thread 0 of block 0 (the block votes and warp reductions count every
+// thread): u[k] integers, f[k] floating point; tests/test_kernels_emulated.py
+// says what each slot holds.
+extern "C" __global__ void canary_intrinsics(const float* x, long long* u, double* f,
+                                             unsigned int* counters, double* dsum) {
+    const unsigned int t = threadIdx.x;
+    const int votes = __syncthreads_count(t % 3 == 0);
+    const int all = __syncthreads_and(t < 1024), any = __syncthreads_or(t == 5);
+    const unsigned int lanes = __reduce_add_sync(0xffffffffu, t);
+    const unsigned int most = __reduce_max_sync(0xffffffffu, t);
+    atomicInc(&counters[0], 5u);
+    atomicDec(&counters[1], 7u);
+    atomicOr(&counters[2], 1u << (t % 32));
+    atomicAnd(&counters[3], ~(1u << (t % 32)));
+    atomicXor(&counters[4], 1u);
+    atomicAdd_block(&counters[5], 2u);
+    atomicAdd(dsum, 0.5);
+    if (t != 0 || blockIdx.x != 0) return;
+    u[0] = votes; u[1] = all; u[2] = any; u[3] = lanes; u[4] = most;
+    u[5] = __float_as_int(x[0]); u[6] = __float_as_uint(__int_as_float(0x3f800000));
+    u[7] = __brev(1u); u[8] = __byte_perm(0x33221100u, 0x77665544u, 0x5140u);
+    u[9] = __funnelshift_l(0x80000000u, 0x1u, 4u); u[10] = __funnelshift_r(0x10u, 0x1u, 4u);
+    u[11] = __umulhi(0xffffffffu, 0xffffffffu); u[12] = __mulhi(-2, 0x40000000);
+    u[13] = __sad(3, 10, 1u); u[14] = __clzll(1ll); u[15] = __ffsll(0x100ll);
+    u[16] = __float2int_rn(2.5f); u[17] = __float2int_rz(-2.7f);
+    u[18] = __float2int_rd(-2.2f); u[19] = __float2int_ru(2.2f);
+    u[20] = __float2uint_rn(-3.0f); u[21] = __mul24(-3, 5); u[22] = __umul24(0x1000001u, 3u);
+    u[23] = __double_as_longlong(1.0); u[24] = min(-1, 2u); u[25] = umax(3u, 9u);
+    f[0] = __fadd_rd(1.0f, x[1]); f[1] = __fadd_ru(1.0f, x[1]); f[2] = __fadd_rn(1.0f, x[1]);
+    f[3] = __fmul_rz(x[2], x[2]); f[4] = __fdiv_ru(1.0f, 3.0f); f[5] = __fdiv_rd(1.0f, 3.0f);
+    f[6] = rsqrtf(4.0f); f[7] = sinpif(0.5f); f[8] = cospif(1.0f); f[9] = normcdff(0.0f);
+    f[10] = erfinvf(0.5f); f[11] = rcbrtf(8.0f); f[12] = norm3df(2.0f, 3.0f, 6.0f);
+    f[13] = __double2float_rz(0.1); f[14] = __int2float_rz(16777217);
+    f[15] = __fmaf_rn(x[2], x[2], -1.0f); f[16] = fdividef(1.0f, 4.0f);
+    f[17] = isnan(x[3]) ? 1.0 : 0.0; f[18] = make_float3(1.0f, 2.0f, 3.0f).z;
+    f[19] = __longlong_as_double(0x4000000000000000ll);
+}

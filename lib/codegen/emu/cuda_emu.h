@@ -363,20 +363,6 @@ inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 
-// Vector types with the device's alignment, and their make_ functions.
-struct alignas(8) float2 { float x, y; };
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) int2 { int x, y; };
-struct alignas(16) int4 { int x, y, z, w; };
-struct alignas(16) double2 { double x, y; };
-inline float2 make_float2(float x, float y) { return float2{x, y}; }
-inline float4 make_float4(float x, float y, float z, float w) {
-    return float4{x, y, z, w};
-}
-inline int2 make_int2(int x, int y) { return int2{x, y}; }
-inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
-inline double2 make_double2(double x, double y) { return double2{x, y}; }
-
 template <typename T>
 T atomicCAS(T* address, T compare, T value) {
     static_assert(std::is_integral<T>::value, "atomicCAS on integers");
@@ -435,7 +421,9 @@ inline float atomicAdd(float* address, float value) {
     return old;
 }
 
-// The half and bfloat16 types and their API (<cuda_fp16.h>, <cuda_bf16.h>).
+// The rest of the device API (vector types, intrinsics, math, votes), then
+// the half and bfloat16 types and their API (<cuda_fp16.h>, <cuda_bf16.h>).
+#include "cuda_intrinsics.h"
 #include "cuda_half.h"
 
 #endif  // GH_CUDA_EMU_H

@@ -131,21 +131,6 @@ GH_FROM_FLOAT(d)
 GH_FROM_FLOAT(u)
 #undef GH_FROM_FLOAT
 
-namespace gh_emu {
-// float to an integer type as the device's cvt does: NaN to 0, out of range
-// saturated, `mode` as for round16.
-template <typename I>
-I to_integer(float f, char mode) {
-    if (std::isnan(f)) return 0;
-    const float r = mode == 'z' ? std::trunc(f) : mode == 'd' ? std::floor(f)
-                  : mode == 'u' ? std::ceil(f) : std::nearbyint(f);
-    if (r <= static_cast<float>(std::numeric_limits<I>::min()))
-        return std::numeric_limits<I>::min();
-    if (r >= static_cast<float>(std::numeric_limits<I>::max()))
-        return std::numeric_limits<I>::max();
-    return static_cast<I>(r);
-}
-}  // namespace gh_emu
 
 // __int2half_rn, __half2int_rz, __ull2bfloat16_rd, ...: every integer type and
 // rounding mode, both ways (integers to half go through float, exact to 2^24).
@@ -158,10 +143,10 @@ I to_integer(float f, char mode) {
             gh_emu::bf16_bits(static_cast<float>(v), #M[0]));                      \
     }                                                                              \
     inline I __half2##NAME##_r##M(__half h) {                                       \
-        return gh_emu::to_integer<I>(float(h), #M[0]);                             \
+        return gh_emu::to_int<I>(float(h), #M[0]);                             \
     }                                                                              \
     inline I __bfloat162##NAME##_r##M(__nv_bfloat16 h) {                            \
-        return gh_emu::to_integer<I>(float(h), #M[0]);                             \
+        return gh_emu::to_int<I>(float(h), #M[0]);                             \
     }
 #define GH_INT_CONVS(NAME, I)                                                      \
     GH_INT_CONV(NAME, I, n) GH_INT_CONV(NAME, I, z) GH_INT_CONV(NAME, I, d)        \
