@@ -143,6 +143,19 @@ def test_an_answer_calling_device_intrinsics_is_served(gen):
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
 
 
+def test_an_answer_with_a_constant_memory_table_is_served(gen):
+    """A __constant__ table indexed at run time, as kernels/README.md tells a
+    kernel to keep one; the host build of the spot check did not know
+    __constant__."""
+    task, decision = _task()
+    code = ("__constant__ float kW[3] = {0.25f, 0.5f, 0.25f};\n" + KERNEL).replace(
+        "out[i] = a * x[i] + y[i];",
+        "out[i] = a * x[i] * (kW[i % 3] + kW[(i + 1) % 3] + kW[(i + 2) % 3])"
+        " + y[i];")
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+
+
 def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
     """An answer that computes the right result and, at a launch's size,
     writes 16 MiB before its output: past every redzone, so without the

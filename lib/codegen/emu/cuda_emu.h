@@ -45,7 +45,14 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __shared__ static
+// Constant memory: one copy, zero unless initialised; NVRTC has already
+// refused a kernel that writes it.
+#define __constant__ static
+#define __managed__
+#define __grid_constant__
+#define __align__(n) alignas(n)
 #define __launch_bounds__(...)
+#define __maxnreg__(...)
 
 struct uint3 {
     unsigned int x, y, z;
