@@ -691,3 +691,12 @@ def test_intrinsics_and_math_kernels_call(emu):
     assert counters[2] == 0xFFFFFFFF and counters[3] == 0
     assert counters[4] == 0 and counters[5] == 2 * threads
     assert dsum[0] == 0.5 * threads
+
+
+def test_half_atomics_add_every_threads_one(emu):
+    h, b, pair = kh.run_emulated(
+        emu["canary", "asan"], "canary_half_atomics", 2, 128,
+        [kh.read_write(np.zeros(1, np.float16)), kh.read_write(np.zeros(1, np.uint16)),
+         kh.read_write(np.zeros(2, np.float16))])
+    assert h[0] == 256 and kh.bf16_bits_to_float(b)[0] == 256
+    assert pair.tolist() == [256, 512]

@@ -143,3 +143,11 @@ extern "C" __global__ void canary_intrinsics(const float* x, long long* u, doubl
     f[17] = isnan(x[3]) ? 1.0 : 0.0; f[18] = make_float3(1.0f, 2.0f, 3.0f).z;
     f[19] = __longlong_as_double(0x4000000000000000ll);
 }
+
+// Every thread adds one to a half, a bfloat16 and a __half2 pair (atomicAdd).
+extern "C" __global__ void canary_half_atomics(__half* h, __nv_bfloat16* b,
+                                               __half2* pair) {
+    atomicAdd(h, __half(1.0f));
+    atomicAdd(b, __nv_bfloat16(1.0f));
+    atomicAdd(pair, __halves2half2(__half(1.0f), __half(2.0f)));
+}

@@ -417,15 +417,24 @@ inline int atomicAdd(int* address, int value) {
     return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
 
-inline float atomicAdd(float* address, float value) {
-    float old;
+namespace gh_emu {
+// An atomic add for a type the hardware has no fetch-add of (float, double,
+// half, pairs): a compare-and-swap loop on its bytes.
+template <typename T>
+T cas_add(T* address, T value) {
+    T old;
     __atomic_load(address, &old, __ATOMIC_RELAXED);
-    float desired = old + value;
+    T desired = old + value;
     // On failure `old` is reloaded with the current value; retry from there.
     while (!__atomic_compare_exchange(address, &old, &desired, true, __ATOMIC_RELAXED,
                                       __ATOMIC_RELAXED))
         desired = old + value;
     return old;
+}
+}  // namespace gh_emu
+
+inline float atomicAdd(float* address, float value) {
+    return gh_emu::cas_add(address, value);
 }
 
 // The rest of the device API (vector types, intrinsics, math, votes), then

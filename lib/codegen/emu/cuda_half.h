@@ -274,31 +274,17 @@ inline __nv_bfloat162 __highs2bfloat162(__nv_bfloat162 a, __nv_bfloat162 b) {
 
 // ---- atomics -------------------------------------------------------------------------
 
-namespace gh_emu {
-template <typename T>
-T atomic_add16(T* address, T value) {
-    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit atomics");
-    T old;
-    __atomic_load(address, &old, __ATOMIC_RELAXED);
-    T desired = old + value;
-    while (!__atomic_compare_exchange(address, &old, &desired, true, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED))
-        desired = old + value;
-    return old;
-}
-}  // namespace gh_emu
-
 inline __half atomicAdd(__half* address, __half value) {
-    return gh_emu::atomic_add16(address, value);
+    return gh_emu::cas_add(address, value);
 }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* address, __nv_bfloat16 value) {
-    return gh_emu::atomic_add16(address, value);
+    return gh_emu::cas_add(address, value);
 }
 inline __half2 atomicAdd(__half2* address, __half2 value) {
-    return gh_emu::atomic_add16(address, value);
+    return gh_emu::cas_add(address, value);
 }
 inline __nv_bfloat162 atomicAdd(__nv_bfloat162* address, __nv_bfloat162 value) {
-    return gh_emu::atomic_add16(address, value);
+    return gh_emu::cas_add(address, value);
 }
 
 #endif  // GH_CUDA_HALF_H

@@ -471,13 +471,7 @@ template <typename T> void __stwt(T* p, T v) { *p = v; }
 // ---- atomics ----------------------------------------------------------------------------------
 
 inline double atomicAdd(double* address, double value) {
-    double old;
-    __atomic_load(address, &old, __ATOMIC_RELAXED);
-    double desired = old + value;
-    while (!__atomic_compare_exchange(address, &old, &desired, true, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED))
-        desired = old + value;
-    return old;
+    return gh_emu::cas_add(address, value);
 }
 template <typename T>
 T atomicAnd(T* address, T value) {
