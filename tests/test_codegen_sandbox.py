@@ -156,6 +156,25 @@ def test_an_answer_with_a_constant_memory_table_is_served(gen):
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
 
 
+def test_the_projects_own_matmul_as_an_answer_is_served(gen):
+    """The template's own tiled matmul, sent as an LLM's answer: 64 blocks of
+    256 threads meeting at barriers, which the emulator runs as the host's
+    threads. With a K of 128 in the large spot task it ran past the
+    sandbox's limit on two cores and was refused."""
+    from lib.codegen import render_template
+    task = TaskSpec("matmul", {"M": 512, "N": 512, "K": 512})
+    decision = Decision((0,), (1.0,), task.split_size, 256, "single").with_hash(task)
+    kernel = gen.generate(task, decision,
+                          FixedAnswer(render_template(task, decision)))
+    assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
+
+
+def test_the_spot_checks_limit_grows_with_the_block():
+    from lib.codegen.spotcheck import UNTRUSTED_TIMEOUT_S, untrusted_timeout
+    assert untrusted_timeout(128) == untrusted_timeout(256) == UNTRUSTED_TIMEOUT_S
+    assert untrusted_timeout(1024) == 4 * UNTRUSTED_TIMEOUT_S
+
+
 def test_a_write_far_before_the_output_at_a_real_size_is_refused(gen):
     """An answer that computes the right result and, at a launch's size,
     writes 16 MiB before its output: past every redzone, so without the
