@@ -43,6 +43,11 @@ holds it to 0.5 %), with rare exceptions: in runs of 1,200 to 4,000
 generated machines and tasks a perturbation beat it by more than that once
 at most (by 0.56 %: a pipelined matmul whose best chunk size lies just where
 its largest shard needs one chunk fewer, between two sizes of the fine grid).
+One run since found a larger one: a stencil of five sweeps (1351 x 2249) on
+an A10 and an H200 SXM, pipelined, beaten by 1.7 % by shares of 0.292/0.708
+in chunks of 192 rows, which end the A10's shard just past two whole chunks;
+the search prices chunk counts linearised before it rounds them, and neither
+more refined candidates nor a wider chunk grid finds that pair.
 
 Why one module: the subsets, the equalisations, the pipelined search, the
 refinement and the exact vectorised pricing all work on one representation of
