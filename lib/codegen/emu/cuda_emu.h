@@ -437,6 +437,58 @@ inline float atomicAdd(float* address, float value) {
     return gh_emu::cas_add(address, value);
 }
 
+inline double atomicAdd(double* address, double value) {
+    return gh_emu::cas_add(address, value);
+}
+template <typename T>
+T atomicAnd(T* address, T value) {
+    return __atomic_fetch_and(address, value, __ATOMIC_RELAXED);
+}
+template <typename T>
+T atomicOr(T* address, T value) {
+    return __atomic_fetch_or(address, value, __ATOMIC_RELAXED);
+}
+template <typename T>
+T atomicXor(T* address, T value) {
+    return __atomic_fetch_xor(address, value, __ATOMIC_RELAXED);
+}
+inline unsigned int atomicInc(unsigned int* address, unsigned int limit) {
+    unsigned int old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    unsigned int next;
+    do {
+        next = old >= limit ? 0u : old + 1u;
+    } while (!__atomic_compare_exchange_n(address, &old, next, true, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    return old;
+}
+inline unsigned int atomicDec(unsigned int* address, unsigned int limit) {
+    unsigned int old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    unsigned int next;
+    do {
+        next = (old == 0u || old > limit) ? limit : old - 1u;
+    } while (!__atomic_compare_exchange_n(address, &old, next, true, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    return old;
+}
+// The scoped forms: one block runs at a time here, so every scope is the same.
+#define GH_SCOPED(OP)                                                              \
+    template <typename P, typename... A>                                           \
+    auto OP##_block(P* p, A... a) -> decltype(OP(p, a...)) { return OP(p, a...); } \
+    template <typename P, typename... A>                                           \
+    auto OP##_system(P* p, A... a) -> decltype(OP(p, a...)) { return OP(p, a...); }
+GH_SCOPED(atomicAdd)
+GH_SCOPED(atomicSub)
+GH_SCOPED(atomicExch)
+GH_SCOPED(atomicMin)
+GH_SCOPED(atomicMax)
+GH_SCOPED(atomicInc)
+GH_SCOPED(atomicDec)
+GH_SCOPED(atomicCAS)
+GH_SCOPED(atomicAnd)
+GH_SCOPED(atomicOr)
+GH_SCOPED(atomicXor)
+#undef GH_SCOPED
+
 // The rest of the device API (vector types, intrinsics, math, votes), then
 // the half and bfloat16 types and their API (<cuda_fp16.h>, <cuda_bf16.h>).
 #include "cuda_intrinsics.h"

@@ -3,7 +3,7 @@
 // emulated host build (included by cuda_emu.h, after its primitives): vector
 // types, rounding-mode arithmetic and conversions, reinterpretations, integer
 // and bit intrinsics, the math functions C++ lacks, block-wide votes, warp
-// reductions, cache-hinted loads and stores, and the remaining atomics.
+// reductions, and cache-hinted loads and stores (atomics: cuda_emu.h, cuda_half.h).
 // Rounding modes other than to-nearest are set with fesetround around the
 // operation, on operands the compiler cannot fold (the build passes
 // -frounding-math, so nothing is moved across the mode switch).
@@ -467,59 +467,5 @@ template <typename T> void __stwb(T* p, T v) { *p = v; }
 template <typename T> void __stcg(T* p, T v) { *p = v; }
 template <typename T> void __stcs(T* p, T v) { *p = v; }
 template <typename T> void __stwt(T* p, T v) { *p = v; }
-
-// ---- atomics ----------------------------------------------------------------------------------
-
-inline double atomicAdd(double* address, double value) {
-    return gh_emu::cas_add(address, value);
-}
-template <typename T>
-T atomicAnd(T* address, T value) {
-    return __atomic_fetch_and(address, value, __ATOMIC_RELAXED);
-}
-template <typename T>
-T atomicOr(T* address, T value) {
-    return __atomic_fetch_or(address, value, __ATOMIC_RELAXED);
-}
-template <typename T>
-T atomicXor(T* address, T value) {
-    return __atomic_fetch_xor(address, value, __ATOMIC_RELAXED);
-}
-inline unsigned int atomicInc(unsigned int* address, unsigned int limit) {
-    unsigned int old = __atomic_load_n(address, __ATOMIC_RELAXED);
-    unsigned int next;
-    do {
-        next = old >= limit ? 0u : old + 1u;
-    } while (!__atomic_compare_exchange_n(address, &old, next, true, __ATOMIC_RELAXED,
-                                          __ATOMIC_RELAXED));
-    return old;
-}
-inline unsigned int atomicDec(unsigned int* address, unsigned int limit) {
-    unsigned int old = __atomic_load_n(address, __ATOMIC_RELAXED);
-    unsigned int next;
-    do {
-        next = (old == 0u || old > limit) ? limit : old - 1u;
-    } while (!__atomic_compare_exchange_n(address, &old, next, true, __ATOMIC_RELAXED,
-                                          __ATOMIC_RELAXED));
-    return old;
-}
-// The scoped forms: one block runs at a time here, so every scope is the same.
-#define GH_SCOPED(OP)                                                              \
-    template <typename P, typename... A>                                           \
-    auto OP##_block(P* p, A... a) -> decltype(OP(p, a...)) { return OP(p, a...); } \
-    template <typename P, typename... A>                                           \
-    auto OP##_system(P* p, A... a) -> decltype(OP(p, a...)) { return OP(p, a...); }
-GH_SCOPED(atomicAdd)
-GH_SCOPED(atomicSub)
-GH_SCOPED(atomicExch)
-GH_SCOPED(atomicMin)
-GH_SCOPED(atomicMax)
-GH_SCOPED(atomicInc)
-GH_SCOPED(atomicDec)
-GH_SCOPED(atomicCAS)
-GH_SCOPED(atomicAnd)
-GH_SCOPED(atomicOr)
-GH_SCOPED(atomicXor)
-#undef GH_SCOPED
 
 #endif  // GH_CUDA_INTRINSICS_H
