@@ -12,7 +12,13 @@ import pytest
 
 from lib.contract import KINDS
 from lib.evaluation import evaluate, protocol
-from lib.evaluation.protocol import MAX_ROUNDS, _measure, _rounds, physical_limit
+from lib.evaluation.protocol import (
+    MAX_ROUNDS,
+    _measure,
+    _rounds,
+    figure_of,
+    physical_limit,
+)
 from lib.execution import get_backend
 from lib.execution.base import run_key
 from lib.platform.machines import load_machine
@@ -128,6 +134,7 @@ def test_measured_rows_on_local_cpu(monkeypatch):
     assert any("induced" in n for n in r.notes)
     text = r.to_text()
     assert "Speedup over equal split per state (MEASURED (cpu))" in text
+    assert "from the medians of the rounds" in text
     # policies that decided alike share the runs of that decision
     seen: dict[tuple, float] = {}
     for row in r.rows:
@@ -136,6 +143,34 @@ def test_measured_rows_on_local_cpu(monkeypatch):
                    row.decision["config_hash"])
             assert seen.setdefault(key, row.seconds) == row.seconds, key
     assert len(seen) < sum(row.accepted for row in r.rows)
+    # each row keeps its rounds, whose trimmed mean is its figure, with
+    # their median and the equal split's beside it
+    for row in r.rows:
+        if row.accepted:
+            assert len(row.rounds) >= 1
+            assert row.seconds == pytest.approx(figure_of(row.rounds))
+            assert row.median_seconds == pytest.approx(statistics.median(row.rounds))
+        assert row.equal_median_seconds is not None
+    by_median = r.per_state(by_median=True)
+    assert set(by_median) == set(r.per_state())
+    assert by_median["equal"] == pytest.approx(
+        {s: 1.0 for s in ("idle", "loaded-1", "loaded-2", "load-mid")})
+
+
+def test_the_figure_is_a_trimmed_mean_and_sees_both_modes():
+    # bimodal rounds (a shard that started at once or after another
+    # process's time slice): the median sits in one mode, the figure
+    # weighs both
+    fast, slow = [1.0] * 12, [5.0] * 13
+    assert statistics.median(fast + slow) == 5.0
+    assert figure_of(fast + slow) == pytest.approx((10 * 1.0 + 11 * 5.0) / 21)
+    assert figure_of(fast + [5.0] * 11 + [1.0, 1.0]) == pytest.approx(
+        (12 * 1.0 + 9 * 5.0) / 21)
+    # one run stalled by something else entirely does not decide it
+    calm = [2.0] * 24
+    assert figure_of(calm + [500.0]) == pytest.approx(2.0)
+    # under ten rounds nothing is cut
+    assert figure_of([1.0, 2.0, 6.0]) == pytest.approx(3.0)
 
 
 class _Clock:
@@ -189,7 +224,10 @@ def test_measure_interleaves_rounds_and_shares_identical_decisions(monkeypatch):
     seconds = [1.0, 2.0, 5.0, 3.0, 4.0, 6.0]
     for h in (a, b):
         mine = [t for c, t in zip(calls[2:], seconds, strict=True) if c == h]
-        assert out[h][0] == sorted(mine)[1]      # the median of its three
+        # under ten rounds the figure is their plain mean; the rounds
+        # themselves come back in the order they ran
+        assert out[h][0] == pytest.approx(sum(mine) / 3)
+        assert list(out[h][2]) == mine
     assert set(out) == {a, b}
 
 
@@ -256,7 +294,7 @@ def test_decisions_the_backend_runs_alike_share_their_runs(monkeypatch):
     seconds = [1.0, 2.0, 5.0, 3.0, 4.0, 6.0]
     for h in (split.config_hash, other.config_hash):
         mine = [t for c, t in zip(calls[2:], seconds, strict=True) if c == h]
-        assert out[h][0] == sorted(mine)[1]
+        assert out[h][0] == pytest.approx(sum(mine) / 3)
     # a backend without run_key tells decisions apart by their hash
     assert run_key(object(), task, split) == split.config_hash
 

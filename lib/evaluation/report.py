@@ -36,10 +36,25 @@ class Row:
     capacity: tuple[float, ...] | None = None
     """Each device's capacity as the telemetry the policies saw measured it
     (None where it measured none)."""
+    rounds: tuple[float, ...] = ()
+    """Seconds of each timed run of the decision on a measured backend (its
+    rounds, in the order they ran); empty for a prediction or a refusal."""
+    median_seconds: float | None = None
+    equal_median_seconds: float | None = None
+    """The median of the decision's rounds and of the equal split's, beside
+    the figures (``seconds``, ``equal_seconds``: their trimmed means) on a
+    measured backend; None elsewhere."""
 
     @property
     def speedup(self) -> float:
         return self.equal_seconds / self.seconds
+
+    @property
+    def median_speedup(self) -> float | None:
+        """The speedup the medians of the rounds give (None without them)."""
+        if self.median_seconds is None or self.equal_median_seconds is None:
+            return None
+        return self.equal_median_seconds / self.median_seconds
 
 
 @dataclass
@@ -80,11 +95,15 @@ class EvalReport:
     def label(self) -> str:
         return f"{'MEASURED' if self.measured else 'PREDICTED'} ({self.backend})"
 
-    def per_state(self) -> dict[str, dict[str, float]]:
-        """Policy -> state -> geometric-mean speedup over equal split."""
+    def per_state(self, by_median: bool = False) -> dict[str, dict[str, float]]:
+        """Policy -> state -> geometric-mean speedup over equal split;
+        ``by_median``: from the medians of the rounds in place of the
+        figures (states without them are left out)."""
         out: dict[str, dict[str, list[float]]] = {}
         for r in self.rows:
-            out.setdefault(r.policy, {}).setdefault(r.state, []).append(r.speedup)
+            speedup = r.median_speedup if by_median else r.speedup
+            if speedup is not None:
+                out.setdefault(r.policy, {}).setdefault(r.state, []).append(speedup)
         return {p: {s: geomean(v) for s, v in by.items()} for p, by in out.items()}
 
     def best_per_state(self) -> dict[str, float]:
@@ -105,6 +124,7 @@ class EvalReport:
             "seed": self.seed, "label": self.label, "measured": self.measured,
             "seconds": self.seconds, "table4": self.table4,
             "per_state": self.per_state(),
+            "per_state_by_median": self.per_state(by_median=True),
             "best_per_state": self.best_per_state(),
             "ablations": self.ablations, "transfer": self.transfer,
             "targets": [t.__dict__ | {"line": t.line()} for t in self.targets],
@@ -115,7 +135,9 @@ class EvalReport:
                       "limit_seconds": r.limit_seconds, "decide_us": r.decide_us,
                       "accepted": r.accepted, "label": r.label,
                       "efficiency": r.limit_seconds / r.seconds,
-                      "decision": r.decision, "capacity": r.capacity}
+                      "decision": r.decision, "capacity": r.capacity,
+                      "rounds": list(r.rounds), "median_seconds": r.median_seconds,
+                      "equal_median_seconds": r.equal_median_seconds}
                      for r in self.rows],
         }
 
@@ -147,6 +169,13 @@ class EvalReport:
             lines += [f"  {p:<18}" + "".join(f"{by.get(s, math.nan):>11.2f}"
                                              for s in states)
                       for p, by in per_state.items()]
+            by_median = self.per_state(by_median=True)
+            if by_median:
+                lines += ["", "The same from the medians of the rounds (the figures "
+                          "above are their trimmed means)"]
+                lines += [f"  {p:<18}" + "".join(f"{by.get(s, math.nan):>11.2f}"
+                                                 for s in states)
+                          for p, by in by_median.items()]
         if self.ablations:
             lines += ["", "Ablations of the learned policy"]
             lines += [f"  {a['variant']:<22} speedup {a['speedup']:.2f}x  vs opt "
