@@ -309,21 +309,6 @@ def test_no_perturbation_of_the_optimum_beats_it(task, machine, seed):
             assert predict(task, d, machine).total >= best.total * (1 - BOUND)
 
 
-def test_the_refinement_tries_one_chunk_fewer_for_the_largest_shard():
-    # the counterexample the property above once found: a pipelined stencil
-    # on an A10 and an H200, beaten by 1.7 % by shares of 0.292 / 0.708 in
-    # chunks of 192 rows (five for the H200's shard where the search had
-    # settled on six of 161)
-    task = TaskSpec("stencil", {"H": 1351, "W": 2249, "T": 5})
-    machine = machine_from_json({"name": "pair", "devices": [
-        {"catalog": "A10"}, {"catalog": "H200 SXM"}]})
-    best = optimum(task, machine)
-    found = Decision((0, 1), (0.292, 0.708), 192, 256, "pipelined",
-                     best.decision.comm_path).with_hash(task)
-    assert check_decision(found, task, machine).accepted
-    assert best.total <= predict(task, found, machine).total * (1 + 1e-9)
-
-
 def test_no_policy_beats_the_optimum():
     """On the evaluation's tasks, every shipped profile, idle and busy: no
     baseline and not the learned policy beats the optimum's PREDICTED time

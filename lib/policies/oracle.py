@@ -45,16 +45,9 @@ at most (by 0.56 %: a pipelined matmul whose best chunk size lies just where
 its largest shard needs one chunk fewer, between two sizes of the fine grid).
 One run since found a larger one: a stencil of five sweeps (1351 x 2249) on
 an A10 and an H200 SXM, pipelined, beaten by 1.7 % by shares of 0.292/0.708
-in chunks of 192 rows, one chunk fewer for the H200's shard than the
-search's 0.299/0.701 in chunks of 161. The refinement kept the largest
-shard's chunk count as it found it; it now also tries one fewer and one
-more, and finds that decision (0.2924/0.7076 in chunks of 192, a hair
-faster). Runs of thousands of generated cases still find a rarer one near
-1 %: a stencil of thirteen sweeps (470 x 4161) on an A10 and two A100s,
-pipelined in chunks of 47, where three rows more for the A10 (a third,
-nearly empty chunk there) and three fewer for each A100 win; the
-refinement's moves, powers of two from the device that finishes last, or
-from the devices that tie to the one that finishes first, do not reach it.
+in chunks of 192 rows, which end the A10's shard just past two whole chunks;
+the search prices chunk counts linearised before it rounds them, and neither
+more refined candidates nor a wider chunk grid finds that pair.
 
 Why one module: the subsets, the equalisations, the pipelined search, the
 refinement and the exact vectorised pricing all work on one representation of
@@ -651,8 +644,7 @@ class _Search:
         :data:`TIE` of it to the one that finishes first; pipelined, each
         move is priced with the chunk size as it is and as it follows the
         largest shard at the same chunk count (as the policy's action states
-        chunks), one fewer and one more. Every move is priced exactly and the
-        best kept;
+        chunks). Every move is priced exactly and the best kept;
         :data:`REFINE_STEPS` steps at most. Returns the entry improved (or
         unchanged)."""
         total, gpus, rows, path, pipe, chunk = entry
@@ -694,13 +686,11 @@ class _Search:
             moves[:, slow] = self.n - (moves.sum(axis=1) - moves[:, slow])
             chunks = np.full(len(moves), float(chunk))
             if pipe:  # the same chunk count of the largest shard, as the
-                # policy's action states it, with the chunk size following,
-                # and one chunk fewer or more for it
+                # policy's action states it, with the chunk size following
                 count = math.ceil(full.max() / chunk)
-                counts = [c for c in (count, count - 1, count + 1) if c >= 1]
                 chunks = np.concatenate(
-                    [chunks] + [np.ceil(moves.max(axis=1) / c) for c in counts])
-                moves = np.concatenate([moves] * (1 + len(counts)))
+                    [chunks, np.ceil(moves.max(axis=1) / count)])
+                moves = np.concatenate([moves, moves])
             times = self.dev.times(moves, chunks, pipe, copy_out).max(axis=1)
             pick = int(np.argmin(times))
             if times[pick] >= best * (1.0 - 1e-12):
