@@ -659,7 +659,7 @@ def test_intrinsics_and_math_kernels_call(emu):
     threads = 256
     u, f, counters, dsum = kh.run_emulated(
         emu["canary", "asan"], "canary_intrinsics", 1, threads,
-        [kh.read_only(x), kh.read_write(np.zeros(26, np.int64)),
+        [kh.read_only(x), kh.read_write(np.zeros(29, np.int64)),
          kh.read_write(np.zeros(20, np.float64)),
          kh.read_write(np.array([0, 0, 0, 0xffffffff, 0, 0], np.uint32)),
          kh.read_write(np.zeros(1, np.float64))])
@@ -670,7 +670,7 @@ def test_intrinsics_and_math_kernels_call(emu):
         13: 8, 14: 63, 15: 9, 16: 2, 17: -2, 18: -3, 19: 3, 20: 0, 21: -15,
         22: 3, 23: int(np.float64(1.0).view(np.int64)),
         24: 2,      # min(-1, 2u) compares as unsigned, as CUDA's overload does
-        25: 9}
+        25: 9, 26: 3, 27: -4, 28: 2**40 + 5}
     for k, v in want_u.items():
         assert u[k] == v, (k, int(u[k]), v)
     one_plus = np.float64(1.0) + np.float64(x[1])     # exact sum, between floats

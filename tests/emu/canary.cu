@@ -134,6 +134,8 @@ extern "C" __global__ void canary_intrinsics(const float* x, long long* u, doubl
     u[18] = __float2int_rd(-2.2f); u[19] = __float2int_ru(2.2f);
     u[20] = __float2uint_rn(-3.0f); u[21] = __mul24(-3, 5); u[22] = __umul24(0x1000001u, 3u);
     u[23] = __double_as_longlong(1.0); u[24] = min(-1, 2u); u[25] = umax(3u, 9u);
+    u[26] = umin(3u, 9u); u[27] = llmin(-4ll, 2ll);
+    u[28] = (long long)ullmax(1ull << 40, 5ull) + (long long)ullmin(1ull << 40, 5ull);
     f[0] = __fadd_rd(1.0f, x[1]); f[1] = __fadd_ru(1.0f, x[1]); f[2] = __fadd_rn(1.0f, x[1]);
     f[3] = __fmul_rz(x[2], x[2]); f[4] = __fdiv_ru(1.0f, 3.0f); f[5] = __fdiv_rd(1.0f, 3.0f);
     f[6] = rsqrtf(4.0f); f[7] = sinpif(0.5f); f[8] = cospif(1.0f); f[9] = normcdff(0.0f);

@@ -282,16 +282,17 @@ inline unsigned int __urhadd(unsigned int a, unsigned int b) {
     return static_cast<unsigned int>((static_cast<unsigned long long>(a) + b + 1) >> 1);
 }
 
-// CUDA's min and max for unsigned, mixed-sign and mixed-precision arguments.
-inline unsigned int umin(unsigned int a, unsigned int b) { return a < b ? a : b; }
-inline unsigned int umax(unsigned int a, unsigned int b) { return a > b ? a : b; }
-inline long long llmin(long long a, long long b) { return a < b ? a : b; }
-inline long long llmax(long long a, long long b) { return a > b ? a : b; }
+// CUDA's min and max for unsigned, mixed-sign and mixed-precision arguments
+// (the named ones are cuda_emu.h's overloads under CUDA's names).
+inline unsigned int umin(unsigned int a, unsigned int b) { return min(a, b); }
+inline unsigned int umax(unsigned int a, unsigned int b) { return max(a, b); }
+inline long long llmin(long long a, long long b) { return min(a, b); }
+inline long long llmax(long long a, long long b) { return max(a, b); }
 inline unsigned long long ullmin(unsigned long long a, unsigned long long b) {
-    return a < b ? a : b;
+    return min(a, b);
 }
 inline unsigned long long ullmax(unsigned long long a, unsigned long long b) {
-    return a > b ? a : b;
+    return max(a, b);
 }
 inline unsigned int min(int a, unsigned int b) { return umin(static_cast<unsigned>(a), b); }
 inline unsigned int min(unsigned int a, int b) { return umin(a, static_cast<unsigned>(b)); }
