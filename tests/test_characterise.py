@@ -118,6 +118,39 @@ def test_runs_are_measured_records(smoke):
     assert any(r["verified"] is True for r in runs)
 
 
+def test_short_runs_are_called_again_until_their_repeats_add_up():
+    """A run whose timed repeats fall short of the plan's ``min_timed_s`` is
+    called again, whole calls, at most ``max_calls`` in a pass."""
+    from types import SimpleNamespace
+
+    from lib.execution.characterise import _more_calls
+
+    plan = CHARACTERISATION_PLANS["quick"]
+
+    def call(*totals):
+        return SimpleNamespace(detail={"all_totals": list(totals)},
+                               metrics=SimpleNamespace(total_seconds=totals[-1]))
+
+    assert plan.min_timed_s > 0 and plan.max_calls > 1
+    assert _more_calls(call(plan.min_timed_s), plan) == 0
+    assert _more_calls(call(plan.min_timed_s / 4, plan.min_timed_s / 4), plan) == 1
+    assert _more_calls(call(plan.min_timed_s / 5), plan) == 4
+    assert _more_calls(call(1e-9), plan) == plan.max_calls - 1
+
+
+def test_short_runs_have_more_repeats_in_the_record(smoke):
+    _, obj = smoke
+    plan = CHARACTERISATION_PLANS["smoke"]
+    base = plan.passes * plan.repeats
+    counts = {r["repeats"] for r in obj["runs"]}
+    assert all(base <= n <= base * plan.max_calls and n % plan.repeats == 0
+               for n in counts), counts
+    shortest = min(obj["runs"], key=lambda r: r["measured_seconds"])
+    longest = max(obj["runs"], key=lambda r: r["measured_seconds"])
+    assert shortest["repeats"] > base >= longest["repeats"]
+    assert len(shortest["all_seconds"]) == shortest["repeats"]
+
+
 def test_write_characterisation_round_trip(smoke, tmp_path):
     _, obj = smoke
     path = write_characterisation(obj, tmp_path / "c.json")

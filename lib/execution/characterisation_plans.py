@@ -37,6 +37,12 @@ class CharacterisationPlan:
             timed repeats) for the hand-off latency.
         copy_bytes: size of the direct shared-memory copy, bytes.
         copy_repeats: repeats of each direct copy and ping-pong (medians).
+        min_timed_s: timed seconds a run should add up to in each pass: a
+            run whose ``repeats`` take less is run again (whole calls of
+            ``repeats``, warm-up included), up to ``max_calls`` calls a pass.
+            A sub-millisecond run's figure is otherwise the median of a few
+            samples of wake-ups and hand-offs, the noisiest figure of all.
+        max_calls: the most calls of one run in one pass.
     """
 
     sizes: Mapping[str, tuple[Dims, ...]]
@@ -48,6 +54,8 @@ class CharacterisationPlan:
     latency_runs: int
     copy_bytes: int
     copy_repeats: int
+    min_timed_s: float = 0.0
+    max_calls: int = 1
 
 
 def _sq(*ns: int) -> tuple[Dims, ...]:
@@ -79,7 +87,7 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "elementwise": _vec(10**4, 10**6), "stencil": _grid(640, t=2),
                "histogram": _vec(10**6, B=64)},
         patterns=("equal", "ramp"), passes=2, repeats=2, warmup=1, latency_runs=3,
-        copy_bytes=8 * 2**20, copy_repeats=3),
+        copy_bytes=8 * 2**20, copy_repeats=3, min_timed_s=0.002, max_calls=2),
     "quick": CharacterisationPlan(
         sizes={"matmul": _sq(64, 160, 400, 1000)
                + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 2048, "K": 2048}),
@@ -93,7 +101,8 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "stencil": _grid(1024, 2048, t=4),
                "histogram": _vec(10**6, 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=3, repeats=3, warmup=1,
-        latency_runs=6, copy_bytes=64 * 2**20, copy_repeats=5),
+        latency_runs=6, copy_bytes=64 * 2**20, copy_repeats=5,
+        min_timed_s=0.01, max_calls=8),
     "full": CharacterisationPlan(
         sizes={"matmul": _sq(64, 128, 256, 512, 1024, 2048)
                + ({"M": 16, "N": 1024, "K": 1024}, {"M": 16, "N": 4096, "K": 4096}),
@@ -107,7 +116,8 @@ CHARACTERISATION_PLANS: dict[str, CharacterisationPlan] = plans({
                "stencil": _grid(1024, 2048, 4096, t=4),
                "histogram": _vec(10**6, 10**7, 4 * 10**7, B=256)},
         patterns=("equal", "ramp", "reverse"), passes=5, repeats=5, warmup=1,
-        latency_runs=10, copy_bytes=256 * 2**20, copy_repeats=9),
+        latency_runs=10, copy_bytes=256 * 2**20, copy_repeats=9,
+        min_timed_s=0.02, max_calls=8),
 }, "characterisation plans")
 
 

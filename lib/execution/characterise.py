@@ -28,12 +28,16 @@ minute on two cores), ``full`` (larger sizes, more repeats). The plan is done
 in several passes, each in a fresh seeded random order, and a run's figure is
 the median over all its timed repeats: background load that comes and goes
 lands as scattered outliers the median discards, not as a bias on one size or
-kind. The load on the cores before and after is recorded too, and so is how
-disturbed each run was: the runnable threads of other processes on the cores
-it used, looked at just before and just after every timed run, and the
-capacity they left it (:func:`lib.platform.telemetry.capacity_of`), under the
-run record's ``disturbance``. Calibration predicts a run at that capacity
-(time / capacity), so a run taken under load still counts.
+kind. A run shorter than the plan's ``min_timed_s`` is called again in each
+pass until its repeats add up to that (at most ``max_calls`` calls): a
+sub-millisecond figure is mostly wake-ups and hand-offs, and it needs more
+samples than a long one for the same steadiness. The load on the cores
+before and after is recorded too, and so is how disturbed each run was: the
+runnable threads of other processes on the cores it used, looked at just
+before and just after every timed run, and the capacity they left it
+(:func:`lib.platform.telemetry.capacity_of`), under the run record's
+``disturbance``. Calibration predicts a run at that capacity (time /
+capacity), so a run taken under load still counts.
 
 The plans per budget are :mod:`lib.execution.characterisation_plans`; the direct
 shared-memory copies and round trips are :mod:`lib.execution.shm_links`.
@@ -46,6 +50,7 @@ measurement from plan to record stays in this file.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -131,11 +136,26 @@ def _check_measurable(machine_name: str, backend: str) -> Machine:
 # --------------------------------------------------------------------------
 # The measurement
 
+def _timed(result: Any) -> list[float]:
+    """The timed totals of one call of a backend's ``run``."""
+    return [float(t) for t in result.detail.get("all_totals",
+                                                [result.metrics.total_seconds])]
+
+
+def _more_calls(first: Any, budget: CharacterisationPlan) -> int:
+    """How many calls a run needs in this pass beyond ``first`` for its timed
+    repeats to add up to ``budget.min_timed_s`` (at most ``budget.max_calls``
+    calls in all)."""
+    spent = sum(_timed(first))
+    if spent <= 0.0 or spent >= budget.min_timed_s:
+        return 0
+    return min(budget.max_calls, math.ceil(budget.min_timed_s / spent)) - 1
+
+
 def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
                 purpose: str) -> dict[str, Any]:
     """One run record from the results of every pass (medians over all)."""
-    totals = [float(t) for r in results
-              for t in r.detail.get("all_totals", [r.metrics.total_seconds])]
+    totals = [t for r in results for t in _timed(r)]
     per_dev: dict[str, list[float]] = {}
     for r in results:
         for g, sec in r.metrics.per_device_seconds.items():
@@ -297,9 +317,12 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
                 task, dec, purpose, verify = plan[i]
                 bar.set_postfix_str(f"pass {p + 1} {task.kind} {purpose}",
                                     refresh=False)
-                results[i].append(_undisturbed_run(runner, task, dec,
-                                                   verify and p == 0, disturbed,
-                                                   is_cpu, retry))
+                first = _undisturbed_run(runner, task, dec, verify and p == 0,
+                                         disturbed, is_cpu, retry)
+                results[i].append(first)
+                for _ in range(_more_calls(first, budget)):
+                    results[i].append(_undisturbed_run(runner, task, dec, False,
+                                                       disturbed, is_cpu, retry))
                 bar.update()
         runs = [_run_record(task, dec, results[i], purpose)
                 for i, (task, dec, purpose, _) in enumerate(plan)]
