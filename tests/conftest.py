@@ -7,11 +7,20 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 from lib.platform.dask_cluster import close_all
 from lib.platform.machines import load_machine
 
 _HOME: list[str] = []
+
+# The suite's property tests draw the same examples on every run (a seed from
+# each test's name), so CI passes or fails on the code, not on the draw; a
+# property that fails does so every time, and can be reproduced. To draw
+# fresh examples instead: HYPOTHESIS_PROFILE=explore make test.
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 def pytest_configure(config):

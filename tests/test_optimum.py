@@ -284,7 +284,14 @@ def test_pipelined_search_beats_split_shares_in_pipelined_mode(hetero4):
 def test_no_perturbation_of_the_optimum_beats_it(task, machine, seed):
     """Shares jittered by a few percent, another mode, the policy's chunk
     counts or a chunk size nearby: none is faster than the optimum by more
-    than :data:`BOUND`."""
+    than :data:`BOUND`.
+
+    The optimum's search is not exhaustive, and fresh draws
+    (``HYPOTHESIS_PROFILE=explore``) find a rare case where a perturbation
+    wins by a percent or two: a pipelined stencil on an A10 and an H200 with
+    a chunk count outside the policy's vocabulary, or a three-device stencil
+    where a few rows moved from the A100s to the A10 win. The suite's fixed
+    draws do not include them; they are known, not fixed."""
     try:
         best = optimum(task, machine)
     except ValueError:
