@@ -143,8 +143,8 @@ def test_ptxas_refusal_or_a_deep_frame_refuses_the_answer(tmp_path, setup, use,
     a device function's own stack frame counts as the entry's does."""
     helper = ("__device__ __noinline__ float deep(float v, long long n) {\n"
               "    volatile float big[4096];\n"
-              "    for (int k = 0; k < 4096; ++k) big[k] = v + k;\n"
-              "    return big[n % 4096];\n}\n") if "deep" in use else ""
+              "    for (int k = 0; k < 16; ++k) big[k] = v + k;\n"
+              "    return big[n % 16];\n}\n") if "deep" in use else ""
     task = TaskSpec("elementwise", {"N": 4096})
     decision = Decision((0,), (1.0,), task.split_size, 128, "single").with_hash(task)
     gen = CodeGenerator(cache=KernelCache(tmp_path / "kernels",
