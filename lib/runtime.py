@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from lib.contract import Decision, TaskSpec
-from lib.costmodel.contention import contention_level, effective_snapshot
+from lib.costmodel.contention import (
+    calibrated_bursts,
+    contention_level,
+    effective_snapshot,
+)
 from lib.costmodel.history import History, record_run
 from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
@@ -114,7 +118,9 @@ class Agent:
 
         1. on a device other work contends for, what a shard of this task's
            length effectively gets there (a short shard on a busy core often
-           runs as on a free one; :func:`~lib.costmodel.contention.effective_snapshot`);
+           runs as on a free one; :func:`~lib.costmodel.contention.effective_snapshot`),
+           from the device's history, or where it has no figure yet from the
+           calibration's (:func:`~lib.costmodel.contention.calibrated_bursts`);
         2. on a device that runs this kind slower than the fastest device,
            against the cost model, that fraction of its capacity
            (:func:`~lib.costmodel.speed.speed_snapshot`);
@@ -136,8 +142,11 @@ class Agent:
         raw = snap
         if min(snap.capacity) < 1.0:
             levels = {i: contention_level(c) for i, c in enumerate(snap.capacity)}
+            # the device's own history first; the calibration's burst where
+            # the history has no figure yet
             snap = effective_snapshot(task, self.machine, snap, params,
-                                      history.bursts(levels))
+                                      {**calibrated_bursts(self.machine, params),
+                                       **history.bursts(levels)})
         snap = speed_snapshot(snap, speeds)
         return overhead_snapshot(snap, list(history.overheads.values()),
                                  {i: level_of(c) for i, c in enumerate(raw.capacity)},

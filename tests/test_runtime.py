@@ -162,6 +162,38 @@ def test_the_policy_sees_what_a_shard_of_the_task_will_get_on_a_busy_core(
     assert idle.seen_by_policy(small) is None
 
 
+def test_the_calibrated_burst_stands_in_until_the_history_has_one(tmp_path,
+                                                                    monkeypatch):
+    """A calibration fitted on runs under load says how long a woken shard
+    runs free; the runtime uses it on a busy core while the device's history
+    has no figure of its own, and the history's once it has."""
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    from dataclasses import replace
+
+    from lib.costmodel.history import History
+    from lib.costmodel.model import default_params
+    from lib.costmodel.parameters import save_params
+    from lib.execution.base import ExecutionMetrics, Result
+    live = _first_core_busy()
+    short = TaskSpec("elementwise", {"N": 1000})
+    long = TaskSpec("elementwise", {"N": 1 << 27})
+    agent = Agent(policy=EqualSplit(), machine="local-cpu", telemetry=live)
+    assert agent.seen_by_policy(short).capacity[0] == pytest.approx(1 / 3)
+    save_params("local-cpu", replace(default_params(), burst_s={"cpu": 0.05}))
+    assert agent.seen_by_policy(short).capacity[0] == pytest.approx(1.0)
+    assert 1 / 3 < agent.seen_by_policy(long).capacity[0] < 0.5
+    h = History("local-cpu")
+    for _ in range(8):   # these short shards felt all of the load
+        d = EqualSplit().decide(short, load_machine("local-cpu")).with_hash(short)
+        m = ExecutionMetrics(backend="cpu", measured=True,
+                             per_device_seconds={g: 6e-4 for g in d.gpus},
+                             total_seconds=7e-4,
+                             per_device_cpu_seconds={g: 2e-4 for g in d.gpus})
+        h.update(short, d, Result(None, m, short, d), live)
+    h.save()
+    assert agent.seen_by_policy(short).capacity[0] < 0.5
+
+
 def test_a_malformed_history_stops_a_decision_under_contention_in_one_line(
         tmp_path, monkeypatch):
     """The policy would decide under capacities read from a file that is not a

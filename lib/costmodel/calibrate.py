@@ -228,8 +228,9 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
                                              base)
     params = params_with(params, [], [], source=f"calibrated on {machine.name} "
                    f"({len(train)} measured runs)", fitted=fitted)
-    pred = np.array([predict(r.task, r.decision, machine, r.snapshot(machine),
-                             params).total for r in parsed])
+    pred = np.array([predict(r.task, r.decision, machine,
+                             r.snapshot(machine, params), params).total
+                     for r in parsed])
     meas = np.array([r.seconds for r in parsed])
     scored = held or train
     ape = ape_pct(pred[scored], meas[scored])
@@ -277,8 +278,8 @@ def cross_validate(machine: Machine, runs: Sequence[MeasuredRun], folds: int,
                                             if k != f], base)
         for i, r in enumerate(runs):
             if fold[i] == f:
-                pred[i] = predict(r.task, r.decision, machine, r.snapshot(machine),
-                                  params).total
+                pred[i] = predict(r.task, r.decision, machine,
+                                  r.snapshot(machine, params), params).total
     meas = np.array([r.seconds for r in runs])
     ape = ape_pct(pred, meas)
     return {"folds": folds, "runs": len(runs), "seed": seed,
@@ -370,8 +371,9 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
     parsed = parse_runs(runs, machine)
     if not parsed:
         raise CalibrationError("no measured runs to score")
-    pred = np.array([predict(r.task, r.decision, machine, r.snapshot(machine),
-                             params).total for r in parsed])
+    pred = np.array([predict(r.task, r.decision, machine,
+                             r.snapshot(machine, params), params).total
+                     for r in parsed])
     meas = np.array([r.seconds for r in parsed])
     ape = ape_pct(pred, meas)
     loaded = [i for i, r in enumerate(parsed) if _loaded(r)]

@@ -243,6 +243,19 @@ def fit_burst_cached(device: int, samples: tuple[tuple[float, float], ...]) -> B
     return fit_burst(device, samples)
 
 
+def calibrated_bursts(machine: Machine, params: CostParams) -> dict[int, Burst]:
+    """The bursts a calibration fitted (``params.burst_s``, per device kind,
+    from runs taken under load), as one :class:`Burst` per device of a kind
+    that has one: a shard runs free for ``b`` seconds and feels all of its
+    capacity's contention after (``rho_inf = 1``). What the cost model
+    predicts a run under a measured capacity with where the device's own
+    history has no figure yet (:meth:`lib.runtime.Agent.seen_by_policy`,
+    :meth:`lib.costmodel.runs.MeasuredRun.snapshot`)."""
+    return {i: Burst(i, params.burst_s[d.kind], 1.0, 0, 0.0)
+            for i, d in enumerate(machine.devices)
+            if params.burst_s.get(d.kind, 0.0) > 0.0}
+
+
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     order = np.argsort(values, kind="stable")
     cum = np.cumsum(weights[order])

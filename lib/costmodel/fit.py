@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.contract import KINDS
+from lib.contract import KINDS, decision_from_weights
 from lib.costmodel.model import (
     CACHE_FIT,
     CostParams,
@@ -84,12 +84,13 @@ _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "launch_s": (1e-8, 10.0), "link_scale": (1e-3, 1e3),
            "latency_scale": (1e-2, 10.0),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
-           "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0)}
+           "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0),
+           "burst_s": (1e-6, 1.0)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
 #: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice;
 #: the host's cost of a shard at 10 us, a message to a worker and back; two
-#: co-running devices at 5 % slower each.
-_START = {"sched_wait": 1e-4, "host_s": 1e-5, "corun": 0.05}
+#: co-running devices at 5 % slower each; a woken shard runs free for 0.1 ms.
+_START = {"sched_wait": 1e-4, "host_s": 1e-5, "corun": 0.05, "burst_s": 1e-4}
 #: A cache size other than the reported one is kept when its fit's mean
 #: absolute log error on the runs is lower by this fraction (one more
 #: partition of the runs must earn its place, not win by noise).
@@ -140,6 +141,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.corun.get(slot.key, 0.0)
     if slot.table == "latency_scale":
         return params.latency_scale.get(slot.key, 1.0)
+    if slot.table == "burst_s":
+        return params.burst_s.get(slot.key, 0.0)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -154,7 +157,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "host_s": dict(params.host_s),
               "cache_bw": dict(params.cache_bw),
               "corun": dict(params.corun),
-              "latency_scale": dict(params.latency_scale)}
+              "latency_scale": dict(params.latency_scale),
+              "burst_s": dict(params.burst_s)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, cache_size=dict(params.cache_size),
@@ -187,6 +191,11 @@ class _FastModel:
         peers: list[float] = []     # k - 1: co-running devices of the same kind
         fits: list[float] = []      # 1 where the task's data fit the cache
         stretch: list[float] = []   # 1 / capacity the run had on the device
+        b_col: list[int] = []       # burst_s slot
+        # the device's shard of an equal split over the machine, the length a
+        # calibrated burst is judged at (lib.costmodel.contention.calibrated_bursts)
+        eq: dict[str, list[float]] = {k: [] for k in (
+            "flops", "traffic", "bin", "bout", "lat_in", "lat_out", "peers")}
         fixed: dict[str, list[float]] = {t: [] for t in _BOUNDS}
         for r, run in enumerate(runs):
             task, dec = run.task, run.decision
@@ -198,6 +207,9 @@ class _FastModel:
             w = workload(task)
             active = [g for g, (lo, hi) in zip(dec.gpus, split_rows(
                 task.split_size, dec.shares), strict=True) if hi > lo]
+            equal = split_rows(task.split_size, decision_from_weights(
+                task, range(machine.n), [1.0] * machine.n).shares)
+            equal_active = [g for g, (lo, hi) in enumerate(equal) if hi > lo]
             for dev_index, (lo, hi) in zip(dec.gpus, split_rows(task.split_size,
                                                                dec.shares),
                                            strict=True):
@@ -225,6 +237,18 @@ class _FastModel:
                 cols["bw"].append(dev.mem_bw)
                 cols["link_bw"].append(link.bandwidth)
                 stretch.append(1.0 / (run.capacity or {}).get(dev_index, 1.0))
+                b_col.append(index.get(_Slot("burst_s", dev.kind), -1))
+                lo_eq, hi_eq = equal[dev_index]
+                work_eq = w.work(task, hi_eq - lo_eq)
+                in_eq = 0.0 if machine.cluster else work_eq.bytes_in
+                eq["flops"].append(work_eq.flops)
+                eq["traffic"].append(work_eq.mem_traffic)
+                eq["bin"].append(in_eq)
+                eq["bout"].append(work_eq.bytes_out)
+                eq["lat_in"].append(link.latency if in_eq > 0 else 0.0)
+                eq["lat_out"].append(link.latency if work_eq.bytes_out > 0 else 0.0)
+                eq["peers"].append(float(sum(machine.devices[g].kind == dev.kind
+                                             for g in equal_active) - 1))
                 e_col.append(index.get(_Slot("compute_eff", (dev.kind, task.kind)),
                                        -1))
                 m_col.append(index.get(_Slot("memory_eff", (dev.kind, task.kind)),
@@ -244,7 +268,7 @@ class _FastModel:
                                    ("contention", dev.kind),
                                    ("sched_wait", dev.kind),
                                    ("host_s", dev.kind), ("cache_bw", dev.kind),
-                                   ("corun", dev.kind)):
+                                   ("corun", dev.kind), ("burst_s", dev.kind)):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -254,6 +278,8 @@ class _FastModel:
         self.cols = {k: np.asarray(v, float) for k, v in cols.items() if k != "merge"}
         self.merge = np.asarray(cols["merge"], float)
         self.stretch = np.asarray(stretch, float)
+        self.b_col = np.asarray(b_col)
+        self.eq = {k: np.asarray(v, float) for k, v in eq.items()}
         self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
         self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
@@ -288,17 +314,34 @@ class _FastModel:
             bw = c["link_bw"] * scale
             # the cache's multiple applies where the task fits (else 1)
             cache = np.where(self.fits > 0, pick(self.c_col, d["cache_bw"]), 1.0)
-            comp = np.maximum(c["flops"] / (c["peak"] * e),
-                              c["traffic"] / (c["bw"] * em * cache)) \
-                * (1.0 + pick(self.r_col, d["corun"]) * self.peers)
-            if self.stretched:
-                comp = comp * self.stretch ** pick(self.g_col, d["contention"])
-                # the scheduler wait (lib.costmodel.model.wait_seconds)
-                launch = launch + pick(self.w_col, d["sched_wait"]) \
-                    * (self.stretch - 1.0)
+            corun = pick(self.r_col, d["corun"])
             lat = pick(self.t_col, d["latency_scale"])
-            t = (launch + (c["lat_in"] + c["lat_out"]) * lat
-                 + (c["bin"] + c["bout"]) / bw + comp)
+
+            def shard(cols: dict[str, np.ndarray], peers: np.ndarray,
+                      start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                """(launch, latencies and copies; compute) of each row's shard."""
+                comp = np.maximum(cols["flops"] / (c["peak"] * e),
+                                  cols["traffic"] / (c["bw"] * em * cache)) \
+                    * (1.0 + corun * peers)
+                return start + (cols["lat_in"] + cols["lat_out"]) * lat \
+                    + (cols["bin"] + cols["bout"]) / bw, comp
+
+            fixed, comp = shard(c, self.peers, launch)
+            if self.stretched:
+                stretch = self.stretch
+                b = pick(self.b_col, d["burst_s"])
+                if np.any(b > 0):
+                    # the part of the contention a shard of this length feels
+                    # (lib.costmodel.contention.calibrated_bursts)
+                    eq_fixed, eq_comp = shard(self.eq, self.eq["peers"], launch)
+                    tau = eq_fixed + eq_comp
+                    felt = np.where(b > 0, np.clip(1.0 - b / np.maximum(tau, 1e-300),
+                                                   0.0, None), 1.0)
+                    stretch = 1.0 + felt * (stretch - 1.0)
+                comp = comp * stretch ** pick(self.g_col, d["contention"])
+                # the scheduler wait (lib.costmodel.model.wait_seconds)
+                fixed = fixed + pick(self.w_col, d["sched_wait"]) * (stretch - 1.0)
+            t = fixed + comp
             host = pick(self.h_col, d["host_s"]) * self.host_on
             out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge \
                 + np.add.reduceat(host, self.starts)
@@ -307,7 +350,7 @@ class _FastModel:
             for r in self.slow:
                 run = self.runs[r]
                 out[r] = predict(run.task, run.decision, self.machine,
-                                 run.snapshot(self.machine), full).total
+                                 run.snapshot(self.machine, full), full).total
         return out
 
 
@@ -346,7 +389,8 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
                              if machine.devices[g].kind == dk) for r in runs)
         if loaded >= MIN_LOADED_RUNS:
             # only runs under load tell these, and only enough of them
-            slots += [_Slot("contention", dk), _Slot("sched_wait", dk)]
+            slots += [_Slot("contention", dk), _Slot("sched_wait", dk),
+                      _Slot("burst_s", dk)]
     return slots
 
 

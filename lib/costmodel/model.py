@@ -28,7 +28,8 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
   utilisation (Eq. (1) as first written). Without telemetry, 1. The runtime
   hands a policy, and so this model, the capacity *effective for the task*:
   a short shard on a busy core often runs as on a free one, and the device's
-  history says for how long (:func:`lib.costmodel.contention.effective_snapshot`);
+  history says for how long (:func:`lib.costmodel.contention.effective_snapshot`),
+  or until it has a figure, the calibration's ``burst_s``;
   and a device the history measured slower on this kind than the fastest
   one, against this model, gets that fraction ``g_i / max g`` of its capacity
   (:func:`lib.costmodel.speed.speed_snapshot`).
@@ -127,6 +128,15 @@ class CostParams:
             scheduler on a device whose measured capacity ``c`` is below 1,
             per unit of ``1 / c - 1`` (0, the default: no wait; fitted from
             runs taken under load).
+        burst_s: device kind -> seconds ``b`` a woken shard runs as on a free
+            device before it feels the contention its capacity says: a shard
+            of ``tau`` seconds (its device's time on an equal split) feels
+            ``max(0, 1 - b / tau)`` of it, the form the runtime's history fits
+            per device (:class:`lib.costmodel.contention.Burst`, with
+            ``rho_inf = 1``). Absent: every shard feels all of it. Fitted
+            from runs taken under load, and applied to a snapshot, not inside
+            this model (:func:`lib.costmodel.contention.calibrated_bursts`):
+            the history's own figure for a device takes its place.
         cache_bw: device kind -> multiple of a device's memory bandwidth for a
             task whose data fit in half its last-level cache (absent: 1, the
             term off; fitted from runs on both sides of the cache).
@@ -161,6 +171,7 @@ class CostParams:
     corun: Mapping[str, float] = field(default_factory=dict)
     cache_size: Mapping[str, float] = field(default_factory=dict)
     latency_scale: Mapping[str, float] = field(default_factory=dict)
+    burst_s: Mapping[str, float] = field(default_factory=dict)
 
     def cache_bytes(self, device: Device) -> float:
         """The last-level cache ``device`` is priced with: the calibrated

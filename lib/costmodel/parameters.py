@@ -52,6 +52,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "cache_size": {k: float(v) for k, v in sorted(params.cache_size.items())},
             "latency_scale": {k: float(v)
                               for k, v in sorted(params.latency_scale.items())},
+            "burst_s": {k: float(v) for k, v in sorted(params.burst_s.items())},
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -95,6 +96,9 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # and before the link's latency was: the profile's
         tables["latency_scale"] = {dk: number(v, f"latency_scale.{dk}")
                                    for dk, v in obj.get("latency_scale", {}).items()}
+        # and before a woken shard's free run was: every shard feels the load
+        tables["burst_s"] = {dk: number(v, f"burst_s.{dk}")
+                             for dk, v in obj.get("burst_s", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

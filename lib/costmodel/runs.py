@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from lib.contract import KINDS, MEASURING_BACKENDS, ContractError, Decision, TaskSpec
+from lib.costmodel.contention import calibrated_bursts, effective_snapshot
+from lib.costmodel.model import CostParams
 from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
@@ -83,16 +85,25 @@ class MeasuredRun:
     backend: str
     capacity: Mapping[int, float] | None = None
 
-    def snapshot(self, machine: Machine) -> Snapshot | None:
-        """The run's capacity as telemetry for :func:`predict` (None without)."""
+    def snapshot(self, machine: Machine,
+                 params: CostParams | None = None) -> Snapshot | None:
+        """The run's capacity as telemetry for :func:`predict` (None without):
+        where ``params`` carry a calibrated burst (``burst_s``), the capacity
+        a shard of this task effectively gets
+        (:func:`lib.costmodel.contention.calibrated_bursts`), as the runtime
+        hands it to a policy."""
         if not self.capacity:
             return None
         n = machine.n
-        return Snapshot(source="characterisation", utilisation=(0.0,) * n,
+        snap = Snapshot(source="characterisation", utilisation=(0.0,) * n,
                         free_bytes=tuple(d.mem_bytes for d in machine.devices),
                         healthy=(True,) * n, measured=True,
                         capacity=tuple(self.capacity.get(i, 1.0) for i in range(n)),
                         capacity_provenance=("recorded with the run",) * n)
+        if params is None or not params.burst_s:
+            return snap
+        return effective_snapshot(self.task, machine, snap, params,
+                                  calibrated_bursts(machine, params))
 
 
 def _run_capacity(run: Mapping[str, Any], where: str,
