@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from lib.contract import TaskSpec, decision_from_weights
 from lib.costmodel import fit as fit_module
 from lib.costmodel.calibrate import calibrate, calibrate_machine, score_runs
+from lib.costmodel.contention import calibrated_bursts
 from lib.costmodel.fit import (
     MIN_LOADED_RUNS,
     _FastModel,
@@ -475,7 +477,31 @@ def test_a_woken_shards_free_run_is_fitted_from_runs_under_load(machine):
     again = params_from_json(params_to_json(report.params))
     assert again.burst_s == report.params.burst_s
     with pytest.raises(CalibrationError, match="burst_s.cpu"):
-        params_from_json({**params_to_json(report.params), "burst_s": {"cpu": 0}})
+        params_from_json({**params_to_json(report.params), "burst_s": {"cpu": -1e-4}})
+
+
+def test_a_burst_the_fit_could_not_tell_saves_and_loads_as_off(machine):
+    # a slot the fit offers and then freezes (the data did not move it) is
+    # written at its base value, and a burst's base value is 0: a smoke
+    # characterisation taken on a busy machine wrote such a file, and loading
+    # it failed, and with it every later use of the machine's calibration
+    frozen = _get(default_params(), _Slot("burst_s", "cpu"))
+    assert frozen == 0.0
+    params = params_with(default_params(), [_Slot("burst_s", "cpu")], [frozen])
+    save_params("local-cpu", params)
+    again = load_params("local-cpu")
+    assert again.burst_s == {"cpu": 0.0}
+    # 0 is no free run: the same predictions as no burst at all
+    assert calibrated_bursts(machine, again) == {}
+    runs = parse_runs(_under_load(machine, synthetic_runs(machine, truth_params()),
+                                  truth_params()), machine)
+    loaded = [r for r in runs if r.capacity]
+    assert loaded
+    for r in loaded:
+        assert predict(r.task, r.decision, machine, r.snapshot(machine, again),
+                       again).total == predict(
+            r.task, r.decision, machine,
+            r.snapshot(machine, replace(again, burst_s={})), again).total
 
 
 def test_the_hosts_cost_per_shard_is_fitted_from_runs_on_one_and_two_devices(machine):

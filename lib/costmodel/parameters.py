@@ -97,7 +97,8 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         tables["latency_scale"] = {dk: number(v, f"latency_scale.{dk}")
                                    for dk, v in obj.get("latency_scale", {}).items()}
         # and before a woken shard's free run was: every shard feels the load
-        tables["burst_s"] = {dk: number(v, f"burst_s.{dk}")
+        # (so too at 0, written where the runs under load could not tell it)
+        tables["burst_s"] = {dk: number(v, f"burst_s.{dk}", off=True)
                              for dk, v in obj.get("burst_s", {}).items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
