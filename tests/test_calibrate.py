@@ -480,6 +480,19 @@ def test_a_woken_shards_free_run_is_fitted_from_runs_under_load(machine):
         params_from_json({**params_to_json(report.params), "burst_s": {"cpu": -1e-4}})
 
 
+def test_parameters_that_would_not_load_are_not_saved():
+    # a fit gone wrong (here a NaN) is refused by name before anything is
+    # written: the calibration saved before stays as it was
+    good = default_params()
+    path = save_params("local-cpu", good)
+    before = path.read_bytes()
+    bad = params_with(good, [_Slot("launch_s", "cpu")], [math.nan])
+    with pytest.raises(CalibrationError, match=r"not saved.*launch_s\.cpu"):
+        save_params("local-cpu", bad)
+    assert path.read_bytes() == before
+    assert load_params("local-cpu") == good
+
+
 def test_a_burst_the_fit_could_not_tell_saves_and_loads_as_off(machine):
     # a slot the fit offers and then freezes (the data did not move it) is
     # written at its base value, and a burst's base value is 0: a smoke

@@ -112,10 +112,16 @@ def save_params(machine_name: str, params: CostParams,
 
     Returns:
         The path written, ``<home>/calibration/<machine>.json``.
+
+    Raises:
+        CalibrationError: ``params`` would not load back (a value the loader
+            refuses, named); the file already there is left as it was.
     """
+    table = params_to_json(params)
+    params_from_json(table, f"calibration of {machine_name} (not saved)")
     obj = {"schema": SCHEMA, "machine": machine_name,
            "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "params": params_to_json(params),
+           "params": table,
            "report": report.to_json() if report is not None else None}
     return write_json_atomic(obj, calibration_path(machine_name))
 
