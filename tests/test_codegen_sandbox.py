@@ -169,6 +169,23 @@ def test_the_projects_own_matmul_as_an_answer_is_served(gen):
     assert kernel.label == "LLM" and kernel.spot.passed, kernel.reasons
 
 
+def test_an_answer_that_spins_is_refused_by_its_cpu_limit(gen, blind_scanner):
+    """A kernel that never ends burns CPU: the sandbox's CPU limit ends it, and
+    the reason says so; the wall clock has more slack (a busy machine
+    stretches a sound answer's wall time, not its CPU time)."""
+    from lib.codegen.emulate import WALL_SLACK
+
+    assert WALL_SLACK > 1.0
+    task, decision = _task()
+    code = KERNEL.replace("out[i] = a * x[i] + y[i];",
+                          "{ volatile int k = 0; while (k == 0) { } "
+                          "out[i] = a * x[i] + y[i]; }")
+    kernel = gen.generate(task, decision, FixedAnswer(code))
+    assert kernel.label == "TEMPLATE"
+    assert any("s of CPU time (sandboxed)" in r for r in kernel.reasons), \
+        kernel.reasons
+
+
 def test_the_spot_checks_limit_grows_with_the_block():
     from lib.codegen.spotcheck import UNTRUSTED_TIMEOUT_S, untrusted_timeout
     assert untrusted_timeout(128) == untrusted_timeout(256) == UNTRUSTED_TIMEOUT_S

@@ -74,9 +74,10 @@ GRID_1D_LARGE = 80
 """Blocks of a 1-D launch on the large task (more than the SMs of most
 devices)."""
 
-#: Wall and CPU limit of one sandboxed spot run of a block of up to
+#: CPU limit of one sandboxed spot run of a block of up to
 #: :data:`TIMEOUT_THREADS` threads, seconds: the spot task is small, so an
-#: endless loop, a spin or a divergent barrier is refused in this time.
+#: endless loop or a spin is refused in this time, and a divergent barrier
+#: (no CPU burnt) in :data:`lib.codegen.emulate.WALL_SLACK` times it.
 UNTRUSTED_TIMEOUT_S = 5.0
 #: Threads per block the limit above is set for; a larger block gets a limit in
 #: proportion (:func:`untrusted_timeout`). The emulator runs a block's threads
@@ -88,8 +89,9 @@ TIMEOUT_THREADS = 256
 
 
 def untrusted_timeout(block: int) -> float:
-    """The wall and CPU limit, seconds, of a sandboxed spot run whose blocks
-    have ``block`` threads."""
+    """The CPU limit, seconds, of a sandboxed spot run whose blocks have
+    ``block`` threads (its wall-clock limit is
+    :data:`lib.codegen.emulate.WALL_SLACK` times it)."""
     return UNTRUSTED_TIMEOUT_S * max(1.0, block / TIMEOUT_THREADS)
 
 SPOT_BUILD = "asan"
