@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from lib.contract import PIPELINE_CHUNKS, Decision, TaskSpec
+from lib.contract import PIPELINE_CHUNKS, Decision, TaskSpec, decision_from_weights
 from lib.costmodel import default_params, predict
 from lib.costmodel.model import split_time_coefficients
 from lib.platform.machines import GPU_CATALOG, load_machine, machine_from_json
@@ -242,6 +242,24 @@ def test_vectorised_prices_include_the_hosts_cost_per_shard(task, machine):
     :func:`predict` does (the cost of every device with rows)."""
     params = replace(default_params(), host_s={"gpu": 3e-4, "cpu": 3e-4})
     assert _prices_as_predict(task, machine, None, params).per_set
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(tasks, machines(low=1, high=4))
+def test_vectorised_prices_include_a_kinds_own_fixed_cost(task, machine):
+    """With a kind's own fixed cost (``fixed_s``, a part of each kernel's
+    launch) the search prices as :func:`predict` does: once a shard in split
+    mode, once a chunk pipelined."""
+    params = replace(default_params(), fixed_s={
+        (dk, task.kind): 4e-4 for dk in ("gpu", "cpu")})
+    _prices_as_predict(task, machine, None, params)
+    # and the shard's time carries it once: the same shard costs that much
+    # more than without it
+    one = decision_from_weights(task, [0], [1.0])
+    without = predict(task, one, machine, None, default_params()).total
+    assert predict(task, one, machine, None, params).total == pytest.approx(
+        without + 4e-4, rel=1e-9)
 
 
 def test_a_tiny_task_stays_on_one_device_when_each_shard_costs_the_host():

@@ -26,6 +26,13 @@ makes (and none fitting) is ranked by one robust pass of the fit, the two
 best are fitted in full, and the reported size stays unless one of them
 leaves a mean absolute log error lower by :data:`CACHE_GAIN`.
 
+Each kernel kind's own fixed cost a shard (``CostParams.fixed_s``, a part of
+its launch) is offered for the kinds whose runs have more than one size.
+The runs tell only the kinds' differences apart: the part they all share is
+the launch's, so after the fit it is moved there and the cheapest kind adds
+nothing of its own (:func:`_shared_part_to_launch`; every run is predicted
+as before).
+
 Why one module: the entries the runs can fit (:func:`slots_for`), the array
 shortcut of Eq. (1) the fit's inner loop evaluates (:class:`_FastModel`), the
 fit and the choice of cache size must agree on which entries exist and on
@@ -85,12 +92,14 @@ _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "latency_scale": (1e-2, 10.0),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
            "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0),
-           "burst_s": (1e-6, 1.0)}
+           "burst_s": (1e-6, 1.0), "fixed_s": (1e-8, 0.1)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
 #: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice;
 #: the host's cost of a shard at 10 us, a message to a worker and back; two
-#: co-running devices at 5 % slower each; a woken shard runs free for 0.1 ms.
-_START = {"sched_wait": 1e-4, "host_s": 1e-5, "corun": 0.05, "burst_s": 1e-4}
+#: co-running devices at 5 % slower each; a woken shard runs free for 0.1 ms;
+#: a kind's own fixed cost a shard at 10 us.
+_START = {"sched_wait": 1e-4, "host_s": 1e-5, "corun": 0.05, "burst_s": 1e-4,
+          "fixed_s": 1e-5}
 #: A cache size other than the reported one is kept when its fit's mean
 #: absolute log error on the runs is lower by this fraction (one more
 #: partition of the runs must earn its place, not win by noise).
@@ -112,8 +121,8 @@ class _Slot:
     """Where one fitted number lives in CostParams."""
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
-                          # latency_scale /
-                          # contention / sched_wait / host_s / cache_bw / corun
+                          # latency_scale / contention / sched_wait / host_s /
+                          # cache_bw / corun / burst_s / fixed_s
     key: Any              # (device kind, kind) or device kind
 
     @property
@@ -143,6 +152,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.latency_scale.get(slot.key, 1.0)
     if slot.table == "burst_s":
         return params.burst_s.get(slot.key, 0.0)
+    if slot.table == "fixed_s":
+        return params.fixed(*slot.key)
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -158,7 +169,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "cache_bw": dict(params.cache_bw),
               "corun": dict(params.corun),
               "latency_scale": dict(params.latency_scale),
-              "burst_s": dict(params.burst_s)}
+              "burst_s": dict(params.burst_s),
+              "fixed_s": dict(params.fixed_s)}
     for slot, value in zip(slots, values, strict=True):
         tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, cache_size=dict(params.cache_size),
@@ -192,6 +204,7 @@ class _FastModel:
         fits: list[float] = []      # 1 where the task's data fit the cache
         stretch: list[float] = []   # 1 / capacity the run had on the device
         b_col: list[int] = []       # burst_s slot
+        f_col: list[int] = []       # fixed_s slot
         # the device's shard of an equal split over the machine, the length a
         # calibrated burst is judged at (lib.costmodel.contention.calibrated_bursts)
         eq: dict[str, list[float]] = {k: [] for k in (
@@ -238,6 +251,7 @@ class _FastModel:
                 cols["link_bw"].append(link.bandwidth)
                 stretch.append(1.0 / (run.capacity or {}).get(dev_index, 1.0))
                 b_col.append(index.get(_Slot("burst_s", dev.kind), -1))
+                f_col.append(index.get(_Slot("fixed_s", (dev.kind, task.kind)), -1))
                 lo_eq, hi_eq = equal[dev_index]
                 work_eq = w.work(task, hi_eq - lo_eq)
                 in_eq = 0.0 if machine.cluster else work_eq.bytes_in
@@ -268,7 +282,8 @@ class _FastModel:
                                    ("contention", dev.kind),
                                    ("sched_wait", dev.kind),
                                    ("host_s", dev.kind), ("cache_bw", dev.kind),
-                                   ("corun", dev.kind), ("burst_s", dev.kind)):
+                                   ("corun", dev.kind), ("burst_s", dev.kind),
+                                   ("fixed_s", (dev.kind, task.kind))):
                     fixed[table].append(_get(base, _Slot(table, key)))
                 owner.append(r)
             # Host merges cost k * bytes / host memory bandwidth: no parameter.
@@ -279,6 +294,7 @@ class _FastModel:
         self.merge = np.asarray(cols["merge"], float)
         self.stretch = np.asarray(stretch, float)
         self.b_col = np.asarray(b_col)
+        self.f_col = np.asarray(f_col)
         self.eq = {k: np.asarray(v, float) for k, v in eq.items()}
         self.stretched = bool(np.any(self.stretch != 1.0))
         self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
@@ -316,6 +332,8 @@ class _FastModel:
             cache = np.where(self.fits > 0, pick(self.c_col, d["cache_bw"]), 1.0)
             corun = pick(self.r_col, d["corun"])
             lat = pick(self.t_col, d["latency_scale"])
+            # a kernel of this kind's own cost beside the shared launch
+            launch = launch + pick(self.f_col, d["fixed_s"])
 
             def shard(cols: dict[str, np.ndarray], peers: np.ndarray,
                       start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -365,6 +383,12 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
     for dk in dev_kinds:
         for k in kinds:
             slots += [_Slot("compute_eff", (dk, k)), _Slot("memory_eff", (dk, k))]
+        if len(kinds) > 1 and not machine.cluster:
+            # a kind's own fixed cost, where its runs have more than one size
+            # (with one kind, the shared fixed costs are all there is to tell;
+            # on a Dask cluster the launch is the cluster's, not the kind's)
+            slots += [_Slot("fixed_s", (dk, k)) for k in kinds
+                      if len(_sizes_of(machine, runs, dk, k)) > 1]
         if machine.cluster:
             slots += [_Slot("launch_s", launch_slot(machine, dk)),
                       _Slot("link_scale", dk)]
@@ -392,6 +416,16 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
             slots += [_Slot("contention", dk), _Slot("sched_wait", dk),
                       _Slot("burst_s", dk)]
     return slots
+
+
+def _sizes_of(machine: Machine, runs: Sequence[MeasuredRun], device_kind: str,
+              kind: str) -> set[int]:
+    """The shard sizes (rows) runs of ``kind`` gave devices of ``device_kind``."""
+    return {hi - lo for r in runs if r.task.kind == kind
+            for g, (lo, hi) in zip(r.decision.gpus, split_rows(r.task.split_size,
+                                                              r.decision.shares),
+                                   strict=True)
+            if hi > lo and machine.devices[g].kind == device_kind}
 
 
 def _launch_apart(machine: Machine, runs: Sequence[MeasuredRun], kind: str) -> bool:
@@ -611,7 +645,33 @@ def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
     uncertainty = {n: float(v) for n, v in zip(names, rel, strict=True)}
     values = [math.exp(t) if f else _get(base, s)
               for s, t, f in zip(slots, theta, free, strict=True)]
-    return (params_with(base, slots, values, fitted=names), names, uncertainty,
-            float(np.mean(np.abs(r))))
+    params = _shared_part_to_launch(params_with(base, slots, values, fitted=names),
+                                    [s for s in slots if s.table == "fixed_s"])
+    return params, params.fitted, uncertainty, float(np.mean(np.abs(r)))
+
+
+def _shared_part_to_launch(params: CostParams, offered: Sequence[_Slot]
+                           ) -> CostParams:
+    """``params`` with the part of the kinds' fixed costs that every kind
+    the fit ``offered`` one shares moved into its device kind's launch
+    (``launch_s``). A kernel's launch is ``launch_s + fixed_s``, so each run
+    is predicted as before; but the runs tell only the kinds' differences
+    apart, the prior would leave each kind near its start, and a kind no run
+    showed (or a registered one) would miss the shared part. So the cheapest
+    such kind's own cost is 0 and the launch holds what they share (nothing
+    moves where one of them was left at 0, unidentified)."""
+    moved: dict[str, float] = {}
+    for dk in {s.key[0] for s in offered}:
+        moved[dk] = min(params.fixed(*s.key) for s in offered if s.key[0] == dk)
+    if not any(v > 0 for v in moved.values()):
+        return params
+    fixed = {key: v - moved[key[0]] if key[0] in moved else v
+             for key, v in params.fixed_s.items()}
+    launch = {**params.launch_s, **{dk: params.launch_s.get(dk, 5e-6) + v
+                                    for dk, v in moved.items()}}
+    fitted_names = params.fitted + tuple(
+        f"launch_s[{dk}]" for dk in sorted(moved)
+        if moved[dk] > 0 and f"launch_s[{dk}]" not in params.fitted)
+    return replace(params, fixed_s=fixed, launch_s=launch, fitted=fitted_names)
 
 

@@ -36,12 +36,13 @@ Each chosen device ``i`` gets ``r_i`` rows of the divisible dimension::
 - ``t_in``, ``t_out``: bytes over the device's host link bandwidth plus its
   latency (each scaled by what calibration measured of the link,
   :func:`host_link_terms`).
-- ``t_launch`` holds the launch and, on a device shared with other processes
-  where telemetry measured its capacity, the wait for the scheduler
-  ``w_kind (1 / c_i - 1)`` once per shard: a worker woken on a core that
-  others keep busy may wait for their time slices before it runs, which
-  matters to a short shard and not to a long one. ``w_kind`` is 0 until a
-  calibration fits it from runs taken under load (``sched_wait``).
+- ``t_launch`` holds the launch (``launch_s`` of the device's kind, plus
+  ``fixed_s`` of the kernel's kind: what its own set-up adds) and, on a device
+  shared with other processes where telemetry measured its capacity, the wait
+  for the scheduler ``w_kind (1 / c_i - 1)`` once per shard: a worker woken on
+  a core that others keep busy may wait for their time slices before it runs,
+  which matters to a short shard and not to a long one. ``w_kind`` is 0 until
+  a calibration fits it from runs taken under load (``sched_wait``).
 - ``t_host = sum_i h_kind(i)`` over the devices with rows: what the host does
   for each shard one after another (the cpu backend sends every worker its
   shard and collects its result from one process), so a second shard costs
@@ -137,6 +138,14 @@ class CostParams:
             from runs taken under load, and applied to a snapshot, not inside
             this model (:func:`lib.costmodel.contention.calibrated_bursts`):
             the history's own figure for a device takes its place.
+        fixed_s: (device kind, workload kind) -> seconds a kernel of that
+            kind costs beyond the launch every kind pays (``launch_s``),
+            whatever its rows: its own set-up (a CPU worker's reduce or
+            stencil does more around its arithmetic than an elementwise one
+            does; a GPU kind that launches a second pass). Part of
+            ``t_launch`` (:func:`launch_seconds`), so paid per chunk in
+            pipelined mode. Absent: 0; fitted from runs of the kind at
+            several sizes.
         cache_bw: device kind -> multiple of a device's memory bandwidth for a
             task whose data fit in half its last-level cache (absent: 1, the
             term off; fitted from runs on both sides of the cache).
@@ -172,6 +181,7 @@ class CostParams:
     cache_size: Mapping[str, float] = field(default_factory=dict)
     latency_scale: Mapping[str, float] = field(default_factory=dict)
     burst_s: Mapping[str, float] = field(default_factory=dict)
+    fixed_s: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     def cache_bytes(self, device: Device) -> float:
         """The last-level cache ``device`` is priced with: the calibrated
@@ -191,6 +201,14 @@ class CostParams:
         got = self.memory_eff.get((device_kind, kind))
         if got is None:
             got = self.memory_eff.get((device_kind, like_of(kind)), 0.7)
+        return got
+
+    def fixed(self, device_kind: str, kind: str) -> float:
+        """A shard's fixed cost ``s_k`` (``fixed_s``), as :meth:`e` finds it;
+        0 where none was fitted."""
+        got = self.fixed_s.get((device_kind, kind))
+        if got is None:
+            got = self.fixed_s.get((device_kind, like_of(kind)), 0.0)
         return got
 
 
@@ -358,7 +376,7 @@ def split_time_coefficients(task: TaskSpec, machine: Machine, i: int,
     params = params or _DEFAULT
     w = workload(task)
     bw, lat = host_link_terms(machine, i, params)
-    launch = launch_seconds(machine, i, params) \
+    launch = launch_seconds(machine, i, params, task.kind) \
         + wait_seconds(machine, i, params, telemetry)
     inputs = 0.0 if machine.cluster else 1.0
 
@@ -386,11 +404,17 @@ def host_link_terms(machine: Machine, i: int, params: CostParams = _DEFAULT
             link.latency * params.latency_scale.get(kind, 1.0))
 
 
-def launch_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT) -> float:
-    """``t_launch`` of one kernel (or, on a Dask cluster, one task) on device i."""
+def launch_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT,
+                   kind: str | None = None) -> float:
+    """``t_launch`` of one kernel (or, on a Dask cluster, one task) on device
+    i, with what a kernel of ``kind`` adds of its own (``fixed_s``; nothing
+    without a kind)."""
+    dev_kind = machine.devices[i].kind
+    own = params.fixed(dev_kind, kind) if kind is not None and params.fixed_s \
+        else 0.0
     if machine.cluster:
-        return params.launch_s.get("dask-task", 1e-4)
-    return params.launch_s.get(machine.devices[i].kind, 5e-6)
+        return params.launch_s.get("dask-task", 1e-4) + own
+    return params.launch_s.get(dev_kind, 5e-6) + own
 
 
 def wait_seconds(machine: Machine, i: int, params: CostParams = _DEFAULT,
@@ -463,7 +487,7 @@ def predict(task: TaskSpec, decision: Decision, machine: Machine,
                                     0.0, 0.0, 0.0, 0.0, 0))
             continue
         out_bytes = 0.0 if merge_on_device else work.bytes_out
-        launch = launch_seconds(machine, dev_index, params)
+        launch = launch_seconds(machine, dev_index, params, task.kind)
         wait = wait_seconds(machine, dev_index, params, telemetry)
         t_comp = compute_seconds(task, work, machine, dev_index, params,
                                  telemetry) * corun[dev_index]

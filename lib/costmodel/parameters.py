@@ -53,6 +53,7 @@ def params_to_json(params: CostParams) -> dict[str, Any]:
             "latency_scale": {k: float(v)
                               for k, v in sorted(params.latency_scale.items())},
             "burst_s": {k: float(v) for k, v in sorted(params.burst_s.items())},
+            "fixed_s": nest(params.fixed_s),
             "source": params.source, "fitted": list(params.fitted)}
 
 
@@ -100,6 +101,10 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
         # (so too at 0, written where the runs under load could not tell it)
         tables["burst_s"] = {dk: number(v, f"burst_s.{dk}", off=True)
                              for dk, v in obj.get("burst_s", {}).items()}
+        # and before a kind's own fixed cost a shard was: none
+        tables["fixed_s"] = {(dk, k): number(v, f"fixed_s.{dk}.{k}", off=True)
+                             for dk, row in obj.get("fixed_s", {}).items()
+                             for k, v in row.items()}
         return CostParams(**tables, source=str(obj.get("source", "file")),
                           fitted=tuple(str(n) for n in obj.get("fitted", ())))
     except (KeyError, AttributeError, TypeError) as exc:

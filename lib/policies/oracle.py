@@ -295,7 +295,8 @@ class _Devices:
                             for lk, d in zip(links, devs, strict=True)])
         self.lat = np.array([lk.latency * params.latency_scale.get(d.kind, 1.0)
                              for lk, d in zip(links, devs, strict=True)])
-        self.launch = np.array([launch_seconds(machine, i, params) for i in usable])
+        self.launch = np.array([launch_seconds(machine, i, params, task.kind)
+                                for i in usable])
         #: the scheduler wait, once per shard however many chunks it has
         self.wait = np.array([wait_seconds(machine, i, params, telemetry)
                               for i in usable])
