@@ -797,3 +797,55 @@ def test_a_fitted_latency_scale_saves_loads_and_prices(machine):
     with pytest.raises(CalibrationError,
                        match=r"latency_scale\.cpu must be a positive"):
         params_from_json(dict(old, latency_scale={"cpu": 0.0}))
+
+
+def _on(occasion, runs):
+    return [{**r, "occasion": occasion} for r in runs]
+
+
+def test_runs_are_numbered_by_the_characterisation_that_took_them(machine):
+    runs = synthetic_runs(machine, truth_params(), noise=0.0)[:6]
+    tagged = _on("b", runs[:2]) + _on("a", runs[2:4]) + runs[4:5] + _on("b", runs[5:])
+    assert [r.occasion for r in parse_runs(tagged, machine)] == [0, 0, 1, 1, 2, 0]
+    assert {r.occasion for r in parse_runs(runs, machine)} == {0}
+    for bad in (3, "", ["a"]):
+        with pytest.raises(CalibrationError, match=r"^run 0: occasion must be"):
+            parse_runs([{**runs[0], "occasion": bad}], machine)
+
+
+def test_a_pace_is_offered_only_for_later_occasions_with_enough_runs(machine):
+    from lib.costmodel.fit import MIN_OCCASION_RUNS, pace_slots
+
+    runs = synthetic_runs(machine, truth_params(), noise=0.0)
+    one = parse_runs(_on("a", runs), machine)
+    assert pace_slots(one) == []
+    two = parse_runs(_on("a", runs) + _on("b", runs), machine)
+    assert pace_slots(two) == [_Slot("pace", 1)]
+    few = parse_runs(_on("a", runs) + _on("b", runs[:MIN_OCCASION_RUNS - 1]), machine)
+    assert pace_slots(few) == []
+
+
+def test_a_later_characterisations_pace_is_fitted_and_the_parameters_are_the_firsts(
+        machine):
+    """The same runs characterised twice, the second time 30 % slower (the
+    host busier): pooled, the fit finds the factor and keeps the first
+    occasion's parameters; without the occasions it has to split the
+    difference and misses both."""
+    truth = truth_params()
+    first = _on("quiet", synthetic_runs(machine, truth, noise=0.01, seed=1))
+    second = [{**r, "measured_seconds": 1.3 * r["measured_seconds"]}
+              for r in _on("later", synthetic_runs(machine, truth, noise=0.01,
+                                                   seed=2))]
+    report = calibrate(machine, first + second, seed=0)
+    assert report.paces[1] == pytest.approx(1.3, rel=0.03)
+    assert not any(name.startswith("pace") for name in report.fitted)
+    assert report.params.e("cpu", "matmul") == pytest.approx(1.6, rel=0.15)
+    assert report.params.e_mem("cpu", "histogram") == pytest.approx(0.15, rel=0.15)
+    assert report.cross_validation["median_ape_pct"] < 3.0
+    assert "1.30x (characterisation 2)" in report.summary()
+    assert report.to_json()["paces"]["1"] == pytest.approx(report.paces[1])
+    blind = calibrate(machine, [{k: v for k, v in r.items() if k != "occasion"}
+                                for r in first + second], seed=0)
+    assert blind.paces == {}
+    assert blind.cross_validation["median_ape_pct"] > \
+        3 * report.cross_validation["median_ape_pct"]

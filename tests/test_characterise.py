@@ -115,7 +115,10 @@ def test_runs_are_measured_records(smoke):
         assert r["measured_seconds"] > 0
         assert set(r["per_device_seconds"]) <= {str(g) for g in dec.gpus}
         assert r["verified"] in (None, True)
+        # which characterisation took it, so that pooled runs keep it apart
+        assert r["occasion"] == obj["occasion"]
     assert any(r["verified"] is True for r in runs)
+    assert isinstance(obj["occasion"], str) and obj["created"] in obj["occasion"]
 
 
 def test_short_runs_are_called_again_until_their_repeats_add_up():
@@ -222,6 +225,7 @@ def test_characterise_under_induced_load_records_the_capacity_it_left(tmp_path,
     on_core0 = [r["disturbance"]["capacity"]["0"] for r in obj["runs"]
                 if "0" in r.get("disturbance", {}).get("capacity", {})]
     assert on_core0 and statistics.median(on_core0) < 0.75
+    assert {r["occasion"] for r in obj["runs"]} == {obj["occasion"]}
     with pytest.raises(CharacterisationError, match="cpu backend only"):
         characterise("dask-local:2", "dask", budget="smoke", progress=False,
                      out=tmp_path / "x.json", induce_load=1)

@@ -31,7 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the measured runs (default: "
                         "$GPUHIVE_HOME/characterisation/<machine>.json); repeat "
                         "to pool several, e.g. a quiet one and one taken with "
-                        "characterise --induce-load")
+                        "characterise --induce-load (each later one gets a fitted "
+                        "pace against the first; the parameters saved are the "
+                        "first's)")
     p.add_argument("--holdout", type=finite_float(0.0, 1.0), default=0.3,
                    help="fraction of runs held out for scoring "
                         "(default: %(default)s)")

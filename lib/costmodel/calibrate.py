@@ -43,6 +43,12 @@ over every run, each predicted once by a fit that never saw it
 (:attr:`CalibrationReport.cross_validation`). The saved parameters are still
 the ones fitted on the training runs of the split.
 
+Runs pooled from several characterisations (each run's ``occasion``) are
+fitted with a pace for each occasion after the first, the factor its runs'
+times take (:attr:`CalibrationReport.paces`), and scored with it: a run
+held out of an occasion is predicted at the pace the occasion's other runs
+gave it. The saved parameters are the first occasion's.
+
 The fit itself is :mod:`lib.costmodel.fit`; the saved parameters are
 :mod:`lib.costmodel.parameters`. :func:`calibrate_machine` goes from a
 characterisation file (default ``<home>/characterisation/<machine>.json``) to
@@ -141,6 +147,12 @@ class CalibrationReport:
     by_load: dict[str, dict[str, float]] = field(default_factory=dict)
     """``quiet`` and ``loaded`` held-out runs apart (loaded: a recorded
     capacity below 0.9 on a device the run used): count and median APE."""
+    paces: dict[int, float] = field(default_factory=dict)
+    """Where the runs pooled several characterisations (occasions, numbered
+    in the order their runs first came): each later occasion -> the factor
+    its runs' times took against the first's, fitted with the rest
+    (:func:`lib.costmodel.fit.pace_slots`); ``params`` are the first
+    occasion's. Empty with one occasion."""
     cross_validation: dict[str, Any] = field(default_factory=dict)
     """k-fold cross-validation over every run (empty with ``folds=0``):
     ``folds``, ``runs``, ``median_ape_pct``, ``p90_ape_pct``, ``spearman``
@@ -162,6 +174,7 @@ class CalibrationReport:
             "uncertainty": dict(self.uncertainty), "per_kind": self.per_kind,
             "groups": self.groups, "params": params_to_json(self.params),
             "heldout": self.heldout, "by_load": self.by_load,
+            "paces": {str(k): v for k, v in self.paces.items()},
             "cross_validation": self.cross_validation,
         })
 
@@ -184,6 +197,12 @@ class CalibrationReport:
             lines.append(f"  {cv['folds']}-fold cross-validation (each of "
                          f"{cv['runs']} runs predicted by a fit without it): "
                          f"median APE {cv['median_ape_pct']:.1f} %{apart}")
+        if self.paces:
+            lines.append("  the runs came from several characterisations; against "
+                         "the first, the later ones' runs took " + ", ".join(
+                             f"{p:.2f}x (characterisation {k + 1})"
+                             for k, p in self.paces.items())
+                         + " the time (fitted; the parameters are the first's)")
         if self.warning:
             lines.append(f"  WARNING: {self.warning}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -224,13 +243,13 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
         raise CalibrationError(f"calibration needs at least 2 measured runs, got "
                                f"{len(parsed)}")
     train, held = holdout_split(parsed, holdout, seed)
-    params, fitted, uncertainty = fit_params(machine, [parsed[i] for i in train],
-                                             base)
+    params, fitted, uncertainty, paces = fit_params(
+        machine, [parsed[i] for i in train], base)
     params = params_with(params, [], [], source=f"calibrated on {machine.name} "
                    f"({len(train)} measured runs)", fitted=fitted)
     pred = np.array([predict(r.task, r.decision, machine,
                              r.snapshot(machine, params), params).total
-                     for r in parsed])
+                     * paces.get(r.occasion, 1.0) for r in parsed])
     meas = np.array([r.seconds for r in parsed])
     scored = held or train
     ape = ape_pct(pred[scored], meas[scored])
@@ -244,7 +263,7 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
         spearman=spearman(pred[scored], meas[scored]),
         train_median_ape_pct=float(np.median(ape_pct(pred[train], meas[train]))),
         evaluated_on="held-out runs" if held else "training runs",
-        uncertainty=uncertainty)
+        uncertainty=uncertainty, paces=paces)
     report.per_kind = {
         k: {"n_heldout": len(ix), "median_ape_pct": float(np.median(
             ape_pct(pred[ix], meas[ix])))}
@@ -274,12 +293,13 @@ def cross_validate(machine: Machine, runs: Sequence[MeasuredRun], folds: int,
     fold = cv_folds(runs, folds, seed)
     pred = np.empty(len(runs))
     for f in range(folds):
-        params, _, _ = fit_params(machine, [r for r, k in zip(runs, fold, strict=True)
-                                            if k != f], base)
+        params, _, _, paces = fit_params(
+            machine, [r for r, k in zip(runs, fold, strict=True) if k != f], base)
         for i, r in enumerate(runs):
             if fold[i] == f:
                 pred[i] = predict(r.task, r.decision, machine,
-                                  r.snapshot(machine, params), params).total
+                                  r.snapshot(machine, params), params).total \
+                    * paces.get(r.occasion, 1.0)
     meas = np.array([r.seconds for r in runs])
     ape = ape_pct(pred, meas)
     return {"folds": folds, "runs": len(runs), "seed": seed,
@@ -429,7 +449,10 @@ def calibrate_machine(machine_name: str,
         if obj.get("machine", machine_name) != machine_name:
             raise CalibrationError(f"{path} characterises {obj.get('machine')!r}, "
                                    f"not {machine_name!r}")
-        runs += list(obj["runs"])
+        # a file written before runs said their occasion is one of its own
+        runs += [{**r, "occasion": str(path)}
+                 if isinstance(r, Mapping) and "occasion" not in r else r
+                 for r in obj["runs"]]
     report = calibrate(load_machine(machine_name), runs, holdout=holdout, seed=seed,
                        folds=folds)
     save_params(machine_name, report.params, report)

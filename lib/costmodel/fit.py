@@ -33,6 +33,16 @@ the launch's, so after the fit it is moved there and the cheapest kind adds
 nothing of its own (:func:`_shared_part_to_launch`; every run is predicted
 as before).
 
+Runs pooled from several characterisations (occasions: a quiet one and
+one taken under load, say) are not asked to share one speed. The same runs
+characterised twice minutes apart on a virtual machine differ by a median
+factor of 1.1 to 1.3, as its host's other tenants come and go, so each
+occasion after the first gets a pace of its own, a factor on its runs'
+times fitted with the rest (:func:`pace_slots`); the parameters are the
+first occasion's. Without it the fit could only split the difference,
+between the two occasions' speeds and, for the runs under load, between
+the speed and the load.
+
 Why one module: the entries the runs can fit (:func:`slots_for`), the array
 shortcut of Eq. (1) the fit's inner loop evaluates (:class:`_FastModel`), the
 fit and the choice of cache size must agree on which entries exist and on
@@ -92,7 +102,7 @@ _BOUNDS = {"compute_eff": (1e-4, 1e3), "memory_eff": (1e-4, 1e3),
            "latency_scale": (1e-2, 10.0),
            "contention": (0.5, 4.0), "sched_wait": (1e-7, 0.1),
            "host_s": (1e-8, 1.0), "cache_bw": (0.1, 10.0), "corun": (1e-4, 4.0),
-           "burst_s": (1e-6, 1.0), "fixed_s": (1e-8, 0.1)}
+           "burst_s": (1e-6, 1.0), "fixed_s": (1e-8, 0.1), "pace": (0.25, 4.0)}
 #: Where the fit starts (and its prior is centred) for a term whose default is
 #: off (0): the scheduler wait starts at 0.1 ms, a fraction of a time slice;
 #: the host's cost of a shard at 10 us, a message to a worker and back; two
@@ -107,6 +117,9 @@ CACHE_GAIN = 0.05
 #: Runs needed on each side of a cache size before it is tried (a split that
 #: puts one run in the cache gives the cache term one run to fit exactly).
 MIN_CACHE_SIDE = 3
+#: Runs each of several pooled characterisations (occasions) needs before
+#: the fit gives the later ones a pace of their own against the first.
+MIN_OCCASION_RUNS = 8
 #: The smallest cache size tried (no last-level cache is smaller); the
 #: others are its powers of two (:func:`cache_sizes`).
 _MIB = 2.0 ** 20
@@ -122,8 +135,9 @@ class _Slot:
 
     table: str            # compute_eff / memory_eff / launch_s / link_scale /
                           # latency_scale / contention / sched_wait / host_s /
-                          # cache_bw / corun / burst_s / fixed_s
-    key: Any              # (device kind, kind) or device kind
+                          # cache_bw / corun / burst_s / fixed_s; or pace, an
+                          # occasion's, which is the fit's and not CostParams'
+    key: Any              # (device kind, kind), device kind, or occasion
 
     @property
     def name(self) -> str:
@@ -154,6 +168,8 @@ def _get(params: CostParams, slot: _Slot) -> float:
         return params.burst_s.get(slot.key, 0.0)
     if slot.table == "fixed_s":
         return params.fixed(*slot.key)
+    if slot.table == "pace":
+        return 1.0
     return params.link_scale.get(slot.key, 1.0)
 
 
@@ -172,7 +188,8 @@ def params_with(params: CostParams, slots: Sequence[_Slot], values: Sequence[flo
               "burst_s": dict(params.burst_s),
               "fixed_s": dict(params.fixed_s)}
     for slot, value in zip(slots, values, strict=True):
-        tables[slot.table][slot.key] = float(value)
+        if slot.table != "pace":  # an occasion's, not the machine's
+            tables[slot.table][slot.key] = float(value)
     return CostParams(**tables, cache_size=dict(params.cache_size),
                       source=source or params.source, fitted=fitted or params.fitted)
 
@@ -312,6 +329,9 @@ class _FastModel:
         self.fast = [r for r in range(len(runs)) if r not in set(self.slow)]
         # reduceat needs each run's first row; runs are contiguous in owner.
         self.starts = np.searchsorted(self.owner, np.asarray(self.fast, int))
+        # each run's occasion's pace (-1: the first occasion's, 1)
+        self.pace_col = np.asarray([index.get(_Slot("pace", run.occasion), -1)
+                                    for run in runs], int)
 
     def predict(self, values: np.ndarray) -> np.ndarray:
         """Predicted seconds of every run with ``values`` in the fitted slots."""
@@ -369,7 +389,9 @@ class _FastModel:
                 run = self.runs[r]
                 out[r] = predict(run.task, run.decision, self.machine,
                                  run.snapshot(self.machine, full), full).total
-        return out
+        # a later occasion's runs take its pace times what the first's would
+        return out * np.where(self.pace_col >= 0,
+                              values[np.maximum(self.pace_col, 0)], 1.0)
 
 
 def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
@@ -415,7 +437,24 @@ def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
             # only runs under load tell these, and only enough of them
             slots += [_Slot("contention", dk), _Slot("sched_wait", dk),
                       _Slot("burst_s", dk)]
-    return slots
+    return slots + pace_slots(runs)
+
+
+def pace_slots(runs: Sequence[MeasuredRun]) -> list[_Slot]:
+    """A pace for each occasion after the first, where the runs come from
+    several (characterisations pooled in one fit) and each has
+    :data:`MIN_OCCASION_RUNS`: the factor its runs' times take against the
+    first occasion's. A machine's speed moves from one occasion to the next
+    (on a virtual machine, with the other tenants of its host), and one set
+    of efficiencies asked to serve two occasions misses both; the
+    parameters are the first occasion's."""
+    counts: dict[int, int] = {}
+    for r in runs:
+        counts[r.occasion] = counts.get(r.occasion, 0) + 1
+    if len(counts) < 2 or min(counts.values()) < MIN_OCCASION_RUNS:
+        return []
+    first = min(counts)
+    return [_Slot("pace", k) for k in sorted(counts) if k != first]
 
 
 def _sizes_of(machine: Machine, runs: Sequence[MeasuredRun], device_kind: str,
@@ -510,12 +549,18 @@ def _huber_weights(r: np.ndarray) -> np.ndarray:
 
 def fit_params(machine: Machine, runs: Sequence[MeasuredRun],
                base: CostParams | None = None
-               ) -> tuple[CostParams, tuple[str, ...], dict[str, float]]:
-    """Least-squares fit of log time; returns (params, fitted names, rel. s.e.).
+               ) -> tuple[CostParams, tuple[str, ...], dict[str, float],
+                          dict[int, float]]:
+    """Least-squares fit of log time; returns (params, fitted names, rel. s.e.,
+    paces).
 
     The cache size of each device kind is chosen as the module docstring
     says (:func:`cache_sizes` lists the sizes tried); a size other than the
-    device's reported one is carried in ``params.cache_size``. The rest is
+    device's reported one is carried in ``params.cache_size``. Where the runs
+    come from several occasions (:func:`pace_slots`), ``params`` are the
+    first occasion's and ``paces`` maps each later one to the factor its
+    runs' times take (:func:`predict` times it is what the fit predicts a
+    run of that occasion at; empty with one occasion). The rest is
     :func:`_fit_once`.
     """
     base = base or default_params()
@@ -531,7 +576,7 @@ def fit_params(machine: Machine, runs: Sequence[MeasuredRun],
             trial = _fit_once(machine, runs, _sized(base, start, kind, size))
             if trial[3] < (1.0 - CACHE_GAIN) * kept and trial[3] < best[3]:
                 best = trial
-    return best[0], best[1], best[2]
+    return best[0], best[1], best[2], best[4]
 
 
 def _sized(base: CostParams, chosen: CostParams, kind: str, size: float
@@ -576,11 +621,13 @@ def cache_sizes(machine: Machine, runs: Sequence[MeasuredRun],
 
 def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
               quick: bool = False
-              ) -> tuple[CostParams, tuple[str, ...], dict[str, float], float]:
+              ) -> tuple[CostParams, tuple[str, ...], dict[str, float], float,
+                         dict[int, float]]:
     """The fit at ``base``'s cache sizes: (params, fitted names, rel. s.e.,
-    mean absolute log error on ``runs``); ``quick``: one robust pass, the
-    unidentified parameters left free, and only the error returned (with
-    ``base``, no names, no errors): enough to compare cache sizes.
+    mean absolute log error on ``runs``, the occasions' paces); ``quick``:
+    one robust pass, the unidentified parameters left free, and only the
+    error returned (with ``base``, no names, no errors, no paces): enough to
+    compare cache sizes.
 
     Unidentified parameters (sensitivity below :data:`MIN_SENSITIVITY`) are
     reset to ``base`` and frozen, and the fit repeated, until the set is stable;
@@ -615,7 +662,7 @@ def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
             theta = _levenberg_marquardt(residual, theta, lo, hi, free)
             weights = _huber_weights(data_residual(theta))
         if quick:
-            return base, (), {}, float(np.mean(np.abs(data_residual(theta))))
+            return base, (), {}, float(np.mean(np.abs(data_residual(theta)))), {}
         sens = np.abs(_jacobian(data_residual, theta, data_residual(theta),
                                 np.ones(len(slots), bool))).max(axis=0)
         # A parameter the data pushed down (to its lower bound, or 3x below
@@ -645,9 +692,14 @@ def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
     uncertainty = {n: float(v) for n, v in zip(names, rel, strict=True)}
     values = [math.exp(t) if f else _get(base, s)
               for s, t, f in zip(slots, theta, free, strict=True)]
-    params = _shared_part_to_launch(params_with(base, slots, values, fitted=names),
-                                    [s for s in slots if s.table == "fixed_s"])
-    return params, params.fitted, uncertainty, float(np.mean(np.abs(r)))
+    paces = {s.key: v for s, v in zip(slots, values, strict=True)
+             if s.table == "pace"}
+    params = _shared_part_to_launch(
+        params_with(base, slots, values, fitted=tuple(
+            n for s, n in zip((s for s, f in zip(slots, free, strict=True) if f),
+                              names, strict=True) if s.table != "pace")),
+        [s for s in slots if s.table == "fixed_s"])
+    return params, params.fitted, uncertainty, float(np.mean(np.abs(r))), paces
 
 
 def _shared_part_to_launch(params: CostParams, offered: Sequence[_Slot]

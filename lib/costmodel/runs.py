@@ -77,6 +77,9 @@ class MeasuredRun:
         backend: the measuring backend (``cpu`` or ``cuda``).
         capacity: device index -> the share of it the run had (MEASURED, from
             the record's ``disturbance``); None where the record does not say.
+        occasion: which of the characterisations pooled in one call took the
+            run, numbered in the order they first appear (the record's
+            ``occasion``; records without one share an occasion of their own).
     """
 
     task: TaskSpec
@@ -84,6 +87,7 @@ class MeasuredRun:
     seconds: float
     backend: str
     capacity: Mapping[int, float] | None = None
+    occasion: int = 0
 
     def snapshot(self, machine: Machine,
                  params: CostParams | None = None) -> Snapshot | None:
@@ -134,6 +138,7 @@ def parse_runs(runs: Sequence[Mapping[str, Any]],
                machine: Machine) -> list[MeasuredRun]:
     """Check and parse run records; raise :class:`CalibrationError` naming the run."""
     out = []
+    occasions: dict[str | None, int] = {}
     for i, run in enumerate(runs):
         where = f"run {i}"
         if not isinstance(run, Mapping):
@@ -164,8 +169,13 @@ def parse_runs(runs: Sequence[Mapping[str, Any]],
             raise CalibrationError(f"{where}: decision names device(s) {bad or '?'} "
                                    f"that machine {machine.name} ({machine.n} "
                                    "devices) does not have")
+        occasion = run.get("occasion")
+        if occasion is not None and not (isinstance(occasion, str) and occasion):
+            raise CalibrationError(f"{where}: occasion must be a non-empty string "
+                                   f"(the characterisation's), got {occasion!r}")
         out.append(MeasuredRun(task, decision, float(seconds), backend,
-                               _run_capacity(run, where, machine)))
+                               _run_capacity(run, where, machine),
+                               occasions.setdefault(occasion, len(occasions))))
     return out
 
 

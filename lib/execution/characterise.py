@@ -346,10 +346,17 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
             f"{len(failed)} run(s) gave wrong results (first: "
             f"{TaskSpec.from_json(failed[0]['task']).describe()}); not recording "
             "timings of wrong computations")
+    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    # every run says which characterisation took it, so that runs pooled from
+    # several (a quiet one and one under load) keep their occasion apart
+    # (lib.costmodel.fit: a machine's speed moves from one occasion to the next)
+    occasion = f"{created} {os.urandom(4).hex()}"
+    for record in runs:
+        record["occasion"] = occasion
     return {
         "schema": SCHEMA, "machine": machine.name, "backend": backend,
-        "budget": budget_name, "seed": seed,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "budget": budget_name, "seed": seed, "created": created,
+        "occasion": occasion,
         "host": {"platform": platform.platform(), "python": platform.python_version(),
                  "numpy": np.__version__, "cpu": _cpu_model(),
                  "cores": core_ids(machine) if is_cpu else []},
@@ -358,7 +365,8 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
             "Every measured number is {value, unit, provenance: measured, method}. "
             "Run records hold raw measured seconds (median of 'repeats' timed "
             "repeats over all passes, each after warm-up; 'all_seconds' lists "
-            "them) with the backend that measured them. Profile estimates are "
+            "them) with the backend that measured them, and the 'occasion' "
+            "(this characterisation) that took them. Profile estimates are "
             "under 'estimated' only."),
         "measured": {
             "throughput": _throughput(machine, runs),
