@@ -247,9 +247,7 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
         machine, [parsed[i] for i in train], base)
     params = params_with(params, [], [], source=f"calibrated on {machine.name} "
                    f"({len(train)} measured runs)", fitted=fitted)
-    pred = np.array([predict(r.task, r.decision, machine,
-                             r.snapshot(machine, params), params).total
-                     * paces.get(r.occasion, 1.0) for r in parsed])
+    pred = _predicted(machine, parsed, params, paces)
     meas = np.array([r.seconds for r in parsed])
     scored = held or train
     ape = ape_pct(pred[scored], meas[scored])
@@ -286,6 +284,17 @@ def calibrate(machine: Machine | str, runs: Sequence[Mapping[str, Any]], *,
     return report
 
 
+def _predicted(machine: Machine, runs: Sequence[MeasuredRun], params: CostParams,
+               paces: Mapping[int, float] | None = None) -> np.ndarray:
+    """Each run's predicted seconds at the capacity recorded with it, times
+    its occasion's pace where the fit gave it one (the first occasion's, and
+    an occasion the fit did not see, are predicted at 1)."""
+    paces = paces or {}
+    return np.array([predict(r.task, r.decision, machine,
+                             r.snapshot(machine, params), params).total
+                     * paces.get(r.occasion, 1.0) for r in runs])
+
+
 def cross_validate(machine: Machine, runs: Sequence[MeasuredRun], folds: int,
                    seed: int, base: CostParams | None = None) -> dict[str, Any]:
     """k-fold cross-validation of the fit (:func:`cv_folds`): every run is
@@ -295,11 +304,8 @@ def cross_validate(machine: Machine, runs: Sequence[MeasuredRun], folds: int,
     for f in range(folds):
         params, _, _, paces = fit_params(
             machine, [r for r, k in zip(runs, fold, strict=True) if k != f], base)
-        for i, r in enumerate(runs):
-            if fold[i] == f:
-                pred[i] = predict(r.task, r.decision, machine,
-                                  r.snapshot(machine, params), params).total \
-                    * paces.get(r.occasion, 1.0)
+        held = [i for i, k in enumerate(fold) if k == f]
+        pred[held] = _predicted(machine, [runs[i] for i in held], params, paces)
     meas = np.array([r.seconds for r in runs])
     ape = ape_pct(pred, meas)
     return {"folds": folds, "runs": len(runs), "seed": seed,
@@ -391,9 +397,7 @@ def score_runs(machine: Machine | str, runs: Sequence[Mapping[str, Any]],
     parsed = parse_runs(runs, machine)
     if not parsed:
         raise CalibrationError("no measured runs to score")
-    pred = np.array([predict(r.task, r.decision, machine,
-                             r.snapshot(machine, params), params).total
-                     for r in parsed])
+    pred = _predicted(machine, parsed, params)
     meas = np.array([r.seconds for r in parsed])
     ape = ape_pct(pred, meas)
     loaded = [i for i, r in enumerate(parsed) if _loaded(r)]

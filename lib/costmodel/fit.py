@@ -696,8 +696,8 @@ def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
              if s.table == "pace"}
     params = _shared_part_to_launch(
         params_with(base, slots, values, fitted=tuple(
-            n for s, n in zip((s for s, f in zip(slots, free, strict=True) if f),
-                              names, strict=True) if s.table != "pace")),
+            s.name for s, f in zip(slots, free, strict=True)
+            if f and s.table != "pace")),
         [s for s in slots if s.table == "fixed_s"])
     return params, params.fitted, uncertainty, float(np.mean(np.abs(r))), paces
 
