@@ -23,8 +23,8 @@ Every measured number is written ``{"value", "unit", "provenance": "measured",
 for comparison; the two are never pooled. Run records hold raw measured seconds
 (``measured_seconds``) with their backend.
 
-Budgets: ``smoke`` (seconds; small sizes, for tests), ``quick`` (about a
-minute on two cores), ``full`` (larger sizes, more repeats). The plan is done
+Budgets: ``smoke`` (seconds; small sizes, for tests), ``quick`` (about two
+minutes on two cores), ``full`` (larger sizes, more repeats). The plan is done
 in several passes, each in a fresh seeded random order, and a run's figure is
 the median over all its timed repeats: background load that comes and goes
 lands as scattered outliers the median discards, not as a bias on one size or
