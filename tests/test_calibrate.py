@@ -491,6 +491,51 @@ def test_a_woken_shards_free_run_is_fitted_from_runs_under_load(machine):
         params_from_json({**params_to_json(report.params), "burst_s": {"cpu": -1e-4}})
 
 
+def test_a_stack_of_values_is_predicted_as_each_alone(machine):
+    # The fit's numeric Jacobian predicts all its columns in one call: each
+    # row of a stack must be what that row alone gives, whether its values
+    # have a burst or not, and for a run the shortcut leaves to predict().
+    truth = params_with(truth_params(), [_Slot("sched_wait", "cpu"),
+                                         _Slot("burst_s", "cpu")], [3e-4, 2e-3])
+    runs = _under_load(machine, synthetic_runs(machine, truth, noise=0.0), truth)
+    task = TaskSpec("reduce", {"N": 10**6})
+    piped = dataclasses.replace(decision_from_weights(task, [0, 1], [1.0, 1.0]),
+                                mode="pipelined", chunk=task.split_size // 4)
+    runs.append({"task": task.to_json(), "decision": piped.with_hash(task).to_json(),
+                 "measured_seconds": 1e-3, "backend": "cpu"})
+    parsed = parse_runs(runs, machine)
+    slots = slots_for(machine, parsed)
+    fast = _FastModel(parsed, machine, slots, _base_like(truth))
+    assert fast.slow and fast.fast
+    one = np.array([_get(truth, s) for s in slots])
+    rows = np.repeat(one[None, :], 4, axis=0)
+    burst = slots.index(_Slot("burst_s", "cpu"))
+    rows[1, burst] = 0.0                       # no burst in this row
+    rows[2, slots.index(_Slot("sched_wait", "cpu"))] *= 3.0
+    rows[3, :] *= 1.1
+    stacked = fast.predict(rows)
+    assert stacked.shape == (4, len(parsed))
+    for row, got in zip(rows, stacked, strict=True):
+        np.testing.assert_allclose(got, fast.predict(row), rtol=1e-12)
+    assert not np.allclose(stacked[0], stacked[1])  # the burst changed something
+    # and the Jacobian's columns are one forward difference each
+    theta = np.log([v or fit_module._START[s.table] for s, v in zip(slots, one,
+                                                                     strict=True)])
+    free = np.ones(len(slots), bool)
+    free[burst] = False
+
+    def residual(t):
+        return np.log(fast.predict(np.exp(t)))
+
+    jac = fit_module._jacobian(residual, theta, residual(theta), free)
+    assert jac.shape == (len(parsed), len(slots) - 1)
+    for col, p in enumerate(np.flatnonzero(free)):
+        moved = theta.copy()
+        moved[p] += 1e-5
+        np.testing.assert_allclose(jac[:, col], (residual(moved) - residual(theta))
+                                   / 1e-5, rtol=1e-6, atol=1e-9)
+
+
 def test_parameters_that_would_not_load_are_not_saved():
     # a fit gone wrong (here a NaN) is refused by name before anything is
     # written: the calibration saved before stays as it was

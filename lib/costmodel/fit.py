@@ -2,7 +2,8 @@
 
 Least squares on log time (so every run counts by its relative error), made
 robust with Huber weights (iteratively re-weighted), with Levenberg-Marquardt
-over the logarithms of the parameters, numeric Jacobian, NumPy only. A
+over the logarithms of the parameters, numeric Jacobian (its columns in one
+evaluation of the array model, each a row of parameter values), NumPy only. A
 parameter the runs cannot move (its roofline limit never binds, say) keeps its
 default and is not listed as fitted. The runs it reads, their held-out split
 and the statistics the report scores with are :mod:`lib.costmodel.runs`.
@@ -332,28 +333,46 @@ class _FastModel:
         # each run's occasion's pace (-1: the first occasion's, 1)
         self.pace_col = np.asarray([index.get(_Slot("pace", run.occasion), -1)
                                     for run in runs], int)
+        # Every entry a row reads, in one gather from ``values`` and the fixed
+        # values after it: a fitted slot's column, else the row's own default.
+        columns = {"compute_eff": self.e_col, "memory_eff": self.m_col,
+                   "launch_s": self.l_col, "link_scale": self.s_col,
+                   "latency_scale": self.t_col, "contention": self.g_col,
+                   "sched_wait": self.w_col, "host_s": self.h_col,
+                   "cache_bw": self.c_col, "corun": self.r_col,
+                   "burst_s": self.b_col, "fixed_s": self.f_col}
+        n_rows = len(self.owner)
+        self.tables = tuple(columns)
+        self.gather = np.stack([
+            np.where(col >= 0, col, len(slots) + k * n_rows + np.arange(n_rows))
+            for k, col in enumerate(np.asarray(c, int) for c in columns.values())])
+        self.fixed_values = np.concatenate([self.defaults[t] for t in self.tables])
 
     def predict(self, values: np.ndarray) -> np.ndarray:
-        """Predicted seconds of every run with ``values`` in the fitted slots."""
-        out = np.empty(len(self.runs))
+        """Predicted seconds of every run with ``values`` in the fitted slots.
+
+        ``values`` is one vector of slot values, or a stack of them (one per
+        row, as the fit's numeric Jacobian asks for); the result has a row of
+        runs for each. The arithmetic is element by element, so each row is
+        what ``values``' row alone would give.
+        """
+        values = np.asarray(values, float)
+        out = np.empty(values.shape[:-1] + (len(self.runs),))
         if self.fast:
             c = self.cols
-
-            def pick(col: np.ndarray, default: np.ndarray) -> np.ndarray:
-                return np.where(col >= 0, values[np.maximum(col, 0)], default)
-
-            d = self.defaults
-            e = pick(self.e_col, d["compute_eff"])
-            em = pick(self.m_col, d["memory_eff"])
-            launch = pick(self.l_col, d["launch_s"])
-            scale = pick(self.s_col, d["link_scale"])
-            bw = c["link_bw"] * scale
+            every = np.concatenate([values, np.broadcast_to(
+                self.fixed_values, values.shape[:-1] + self.fixed_values.shape)],
+                axis=-1)
+            # each table's entry for every row: (..., rows)
+            v = dict(zip(self.tables, np.moveaxis(every[..., self.gather], -2, 0),
+                         strict=True))
+            e, em, lat, corun = (v["compute_eff"], v["memory_eff"],
+                                 v["latency_scale"], v["corun"])
+            bw = c["link_bw"] * v["link_scale"]
             # the cache's multiple applies where the task fits (else 1)
-            cache = np.where(self.fits > 0, pick(self.c_col, d["cache_bw"]), 1.0)
-            corun = pick(self.r_col, d["corun"])
-            lat = pick(self.t_col, d["latency_scale"])
+            cache = np.where(self.fits > 0, v["cache_bw"], 1.0)
             # a kernel of this kind's own cost beside the shared launch
-            launch = launch + pick(self.f_col, d["fixed_s"])
+            launch = v["launch_s"] + v["fixed_s"]
 
             def shard(cols: dict[str, np.ndarray], peers: np.ndarray,
                       start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -367,31 +386,36 @@ class _FastModel:
             fixed, comp = shard(c, self.peers, launch)
             if self.stretched:
                 stretch = self.stretch
-                b = pick(self.b_col, d["burst_s"])
-                if np.any(b > 0):
+                b = v["burst_s"]
+                burst = np.any(b > 0, axis=-1, keepdims=True)
+                if np.any(burst):
                     # the part of the contention a shard of this length feels
                     # (lib.costmodel.contention.calibrated_bursts)
                     eq_fixed, eq_comp = shard(self.eq, self.eq["peers"], launch)
                     tau = eq_fixed + eq_comp
                     felt = np.where(b > 0, np.clip(1.0 - b / np.maximum(tau, 1e-300),
                                                    0.0, None), 1.0)
-                    stretch = 1.0 + felt * (stretch - 1.0)
-                comp = comp * stretch ** pick(self.g_col, d["contention"])
+                    # a set of values without a burst keeps the stretch as it is
+                    stretch = np.where(burst, 1.0 + felt * (stretch - 1.0), stretch)
+                comp = comp * stretch ** v["contention"]
                 # the scheduler wait (lib.costmodel.model.wait_seconds)
-                fixed = fixed + pick(self.w_col, d["sched_wait"]) * (stretch - 1.0)
+                fixed = fixed + v["sched_wait"] * (stretch - 1.0)
             t = fixed + comp
-            host = pick(self.h_col, d["host_s"]) * self.host_on
-            out[self.fast] = np.maximum.reduceat(t, self.starts) + self.merge \
-                + np.add.reduceat(host, self.starts)
+            host = v["host_s"] * self.host_on
+            t, host = np.broadcast_arrays(t, host)
+            out[..., self.fast] = np.maximum.reduceat(t, self.starts, axis=-1) \
+                + self.merge + np.add.reduceat(host, self.starts, axis=-1)
         if self.slow:
-            full = params_with(self.base, self.slots, values)
-            for r in self.slow:
-                run = self.runs[r]
-                out[r] = predict(run.task, run.decision, self.machine,
-                                 run.snapshot(self.machine, full), full).total
+            for row in np.ndindex(values.shape[:-1]):
+                full = params_with(self.base, self.slots, values[row])
+                for r in self.slow:
+                    run = self.runs[r]
+                    out[row + (r,)] = predict(run.task, run.decision, self.machine,
+                                              run.snapshot(self.machine, full),
+                                              full).total
         # a later occasion's runs take its pace times what the first's would
         return out * np.where(self.pace_col >= 0,
-                              values[np.maximum(self.pace_col, 0)], 1.0)
+                              values[..., np.maximum(self.pace_col, 0)], 1.0)
 
 
 def slots_for(machine: Machine, runs: Sequence[MeasuredRun],
@@ -531,12 +555,15 @@ def _levenberg_marquardt(residual, theta: np.ndarray, lo: np.ndarray,
 
 def _jacobian(residual, theta: np.ndarray, r: np.ndarray,
               free: np.ndarray, h: float = 1e-5) -> np.ndarray:
-    cols = []
-    for p in np.flatnonzero(free):
-        t = theta.copy()
-        t[p] += h
-        cols.append((residual(t) - r) / h)
-    return np.stack(cols, axis=1) if cols else np.zeros((len(r), 0))
+    """Forward differences of ``residual`` in the ``free`` coordinates, one
+    column each. ``residual`` takes a stack of parameter vectors (one per
+    row) as well as one, so all the columns cost one call."""
+    moved = np.flatnonzero(free)
+    if not len(moved):
+        return np.zeros((len(r), 0))
+    trial = np.repeat(theta[None, :], len(moved), axis=0)
+    trial[np.arange(len(moved)), moved] += h
+    return ((residual(trial) - r) / h).T
 
 
 def _huber_weights(r: np.ndarray) -> np.ndarray:
@@ -652,8 +679,9 @@ def _fit_once(machine: Machine, runs: Sequence[MeasuredRun], base: CostParams,
     weights = np.ones(len(runs))
 
     def residual(theta: np.ndarray) -> np.ndarray:
-        prior = math.sqrt(PRIOR_WEIGHT) * (theta - start)[free]
-        return np.concatenate([np.sqrt(weights) * data_residual(theta), prior])
+        prior = math.sqrt(PRIOR_WEIGHT) * (theta - start)[..., free]
+        return np.concatenate([np.sqrt(weights) * data_residual(theta), prior],
+                              axis=-1)
 
     free = np.ones(len(slots), bool)
     theta = start.copy()
