@@ -373,3 +373,21 @@ def test_end_to_end_attacks_leave_no_trace_and_get_the_template():
         assert r.checks == (r.case.intended_check,), (r.case.id, r.checks)
     assert all(r.accepted for r in plane if r.case.benign)
     assert report.recall_by_gate["plane"] == 1.0
+
+
+def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(cases, tmp_path):
+    # cases refused before anything is built (Gate 2a, the sandboxed
+    # preprocessor, NVRTC): seconds apart, so the side-by-side results come
+    # back out of order and must still land on their own case
+    from lib.security import sandbox
+
+    if sandbox.available() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.available()}")
+    picked = [c for c in cases if c.id in {
+        "pl.host.ifndef_rtc", "pl.host.include_blind", "pl.host.host_function_blind"}]
+    assert len(picked) == 3
+    alone = {k: found for k, found, _ in audit._run_plane(picked, tmp_path / "a", 1,
+                                                          progress=False)}
+    both = {k: found for k, found, _ in audit._run_plane(picked, tmp_path / "b", 2,
+                                                         progress=False)}
+    assert alone == both == {k: (c.intended_check,) for k, c in enumerate(picked)}
