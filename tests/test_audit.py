@@ -391,3 +391,26 @@ def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(cases, tmp_
     both = {k: found for k, found, _ in audit._run_plane(picked, tmp_path / "b", 2,
                                                          progress=False)}
     assert alone == both == {k: (c.intended_check,) for k, c in enumerate(picked)}
+
+
+def test_end_to_end_workers_log_at_the_callers_level(cases, tmp_path, capfd):
+    # the security chapter sets the plane's log to ERROR so that its page
+    # shows no refusal lines; the worker processes must keep that level
+    import logging
+
+    from lib.security import sandbox
+
+    if sandbox.available() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.available()}")
+    picked = [c for c in cases if c.id in {"pl.host.ifndef_rtc",
+                                           "pl.host.host_function_blind"}]
+    plane_log = logging.getLogger("lib.codegen")
+    before = plane_log.level
+    try:
+        for level, shown in ((logging.ERROR, False), (logging.WARNING, True)):
+            plane_log.setLevel(level)
+            list(audit._run_plane(picked, tmp_path / str(level), 2, progress=False))
+            err = capfd.readouterr().err
+            assert ("rejected audit kernel" in err) == shown, (level, err[-500:])
+    finally:
+        plane_log.setLevel(before)

@@ -353,6 +353,13 @@ def _plane_verdict(case: Case, folder: str) -> tuple[tuple[str, ...], float]:
     return verdict.checks, time.perf_counter() - start
 
 
+def _log_at(level: int) -> None:
+    """A worker's start: the plane's log at the level its caller set (the
+    security chapter keeps refusals out of its page; a spawned process
+    would otherwise print each one)."""
+    plane.log.setLevel(level)
+
+
 def _run_plane(cases: Sequence[Case], root: Path, workers: int, progress: bool
                ) -> Iterator[tuple[int, tuple[str, ...], float]]:
     """(index, checks, seconds) of each end-to-end case, as each finishes.
@@ -361,7 +368,8 @@ def _run_plane(cases: Sequence[Case], root: Path, workers: int, progress: bool
     compiling and running its answer, in subprocesses of its own, under CPU
     limits, so running them side by side on separate cores changes no
     verdict. A case blinds the static scans by swapping module functions,
-    which a process keeps to itself."""
+    which a process keeps to itself; the plane's log keeps the level the
+    caller gave it."""
     bar = tqdm(total=len(cases), desc="end-to-end cases", unit="case",
                disable=not progress)
     try:
@@ -370,8 +378,9 @@ def _run_plane(cases: Sequence[Case], root: Path, workers: int, progress: bool
                 yield (i, *_plane_verdict(case, str(root / "plane" / case.id)))
                 bar.update()
             return
-        with ProcessPoolExecutor(max_workers=workers,
-                                 mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                 initializer=_log_at,
+                                 initargs=(plane.log.getEffectiveLevel(),)) as pool:
             futures = {pool.submit(_plane_verdict, case,
                                    str(root / "plane" / case.id)): i
                        for i, case in enumerate(cases)}
