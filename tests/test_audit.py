@@ -4,6 +4,7 @@ and proof that it can fail."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import stat
 
@@ -375,10 +376,11 @@ def test_end_to_end_attacks_leave_no_trace_and_get_the_template():
     assert report.recall_by_gate["plane"] == 1.0
 
 
-def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(cases, tmp_path):
-    # cases refused before anything is built (Gate 2a, the sandboxed
-    # preprocessor, NVRTC): seconds apart, so the side-by-side results come
-    # back out of order and must still land on their own case
+
+@pytest.fixture
+def quick_plane_cases(cases):
+    """Plane cases refused before anything is built (Gate 2a, the sandboxed
+    preprocessor, NVRTC): under a second each, seconds apart."""
     from lib.security import sandbox
 
     if sandbox.available() is not None:
@@ -386,6 +388,14 @@ def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(cases, tmp_
     picked = [c for c in cases if c.id in {
         "pl.host.ifndef_rtc", "pl.host.include_blind", "pl.host.host_function_blind"}]
     assert len(picked) == 3
+    return picked
+
+
+def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(
+        quick_plane_cases, tmp_path):
+    # side by side the results come back out of order: each must still land
+    # on its own case
+    picked = quick_plane_cases
     alone = {k: found for k, found, _ in audit._run_plane(picked, tmp_path / "a", 1,
                                                           progress=False)}
     both = {k: found for k, found, _ in audit._run_plane(picked, tmp_path / "b", 2,
@@ -393,23 +403,17 @@ def test_end_to_end_cases_give_the_same_checks_alone_or_side_by_side(cases, tmp_
     assert alone == both == {k: (c.intended_check,) for k, c in enumerate(picked)}
 
 
-def test_end_to_end_workers_log_at_the_callers_level(cases, tmp_path, capfd):
+def test_end_to_end_workers_log_at_the_callers_level(quick_plane_cases, tmp_path,
+                                                     capfd):
     # the security chapter sets the plane's log to ERROR so that its page
     # shows no refusal lines; the worker processes must keep that level
-    import logging
-
-    from lib.security import sandbox
-
-    if sandbox.available() is not None:
-        pytest.skip(f"no sandbox here: {sandbox.available()}")
-    picked = [c for c in cases if c.id in {"pl.host.ifndef_rtc",
-                                           "pl.host.host_function_blind"}]
     plane_log = logging.getLogger("lib.codegen")
     before = plane_log.level
     try:
         for level, shown in ((logging.ERROR, False), (logging.WARNING, True)):
             plane_log.setLevel(level)
-            list(audit._run_plane(picked, tmp_path / str(level), 2, progress=False))
+            list(audit._run_plane(quick_plane_cases, tmp_path / str(level), 2,
+                                  progress=False))
             err = capfd.readouterr().err
             assert ("rejected audit kernel" in err) == shown, (level, err[-500:])
     finally:

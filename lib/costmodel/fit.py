@@ -311,22 +311,13 @@ class _FastModel:
         self.cols = {k: np.asarray(v, float) for k, v in cols.items() if k != "merge"}
         self.merge = np.asarray(cols["merge"], float)
         self.stretch = np.asarray(stretch, float)
-        self.b_col = np.asarray(b_col)
-        self.f_col = np.asarray(f_col)
         self.eq = {k: np.asarray(v, float) for k, v in eq.items()}
         self.stretched = bool(np.any(self.stretch != 1.0))
-        self.e_col, self.m_col = np.asarray(e_col), np.asarray(m_col)
-        self.l_col, self.s_col = np.asarray(l_col), np.asarray(s_col)
-        self.t_col = np.asarray(t_col)
-        self.g_col, self.w_col = np.asarray(g_col), np.asarray(w_col)
-        self.h_col = np.asarray(h_col)
-        self.c_col, self.r_col = np.asarray(c_col), np.asarray(r_col)
         self.peers = np.asarray(peers, float)
         self.fits = np.asarray(fits, float)
         #: t_host applies off a Dask cluster only (lib.costmodel.model.host_seconds)
         self.host_on = 0.0 if machine.cluster else 1.0
         self.owner = np.asarray(owner, int)
-        self.defaults = {t: np.asarray(v, float) for t, v in fixed.items()}
         self.fast = [r for r in range(len(runs)) if r not in set(self.slow)]
         # reduceat needs each run's first row; runs are contiguous in owner.
         self.starts = np.searchsorted(self.owner, np.asarray(self.fast, int))
@@ -335,18 +326,17 @@ class _FastModel:
                                     for run in runs], int)
         # Every entry a row reads, in one gather from ``values`` and the fixed
         # values after it: a fitted slot's column, else the row's own default.
-        columns = {"compute_eff": self.e_col, "memory_eff": self.m_col,
-                   "launch_s": self.l_col, "link_scale": self.s_col,
-                   "latency_scale": self.t_col, "contention": self.g_col,
-                   "sched_wait": self.w_col, "host_s": self.h_col,
-                   "cache_bw": self.c_col, "corun": self.r_col,
-                   "burst_s": self.b_col, "fixed_s": self.f_col}
+        columns = {"compute_eff": e_col, "memory_eff": m_col, "launch_s": l_col,
+                   "link_scale": s_col, "latency_scale": t_col, "contention": g_col,
+                   "sched_wait": w_col, "host_s": h_col, "cache_bw": c_col,
+                   "corun": r_col, "burst_s": b_col, "fixed_s": f_col}
         n_rows = len(self.owner)
         self.tables = tuple(columns)
         self.gather = np.stack([
             np.where(col >= 0, col, len(slots) + k * n_rows + np.arange(n_rows))
             for k, col in enumerate(np.asarray(c, int) for c in columns.values())])
-        self.fixed_values = np.concatenate([self.defaults[t] for t in self.tables])
+        self.fixed_values = np.concatenate([np.asarray(fixed[t], float)
+                                            for t in self.tables])
 
     def predict(self, values: np.ndarray) -> np.ndarray:
         """Predicted seconds of every run with ``values`` in the fitted slots.
