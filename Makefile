@@ -12,7 +12,7 @@ SEED    ?= 0
 
 help:
 	@echo "make book     execute every notebook (MACHINE=$(MACHINE) BACKEND=$(BACKEND) BUDGET=$(BUDGET)) and build _build/html"
-	@echo "make test     unit tests plus a smoke run of every notebook"
+	@echo "make test     unit tests plus a smoke run of every notebook: side by side (TEST_WORKERS=$(TEST_WORKERS)), then the serial ones alone"
 	@echo "make install  create .venv, install the project and register its Jupyter kernel 'gpuhive'"
 	@echo "make lab      open JupyterLab on the notebooks, with the project's kernel"
 	@echo "make audit    the security audit: the injection suite against the three gates"
@@ -43,8 +43,14 @@ install venv: $(STAMP)
 book: $(STAMP)
 	$(BIN)/gpuhive book --machine $(MACHINE) --backend $(BACKEND) --budget $(BUDGET) --seed $(SEED)
 
+# Two phases: the tests side by side on TEST_WORKERS workers, then the tests
+# marked serial (they measure this computer) alone; both run even if the first fails.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	@rc=0; \
+	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || rc=$$?; \
+	$(BIN)/python -m pytest -q -m serial || rc=$$?; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check lib tests

@@ -1,4 +1,14 @@
-"""Shared fixtures and the gpu marker's skip rule."""
+"""Shared fixtures, the gpu marker's skip rule and the serial marker's guard.
+
+``make test`` runs the suite in two phases: every test not marked ``serial``
+on several workers side by side (pytest-xdist), then the ``serial`` tests
+alone. A test is ``serial`` when it measures this computer in its own process
+-- starts the cpu backend's workers, a Dask cluster or an induced load, or
+reads the cores' load and capacity from ``/proc`` -- because the tests beside
+it would show up in what it measures. On a worker, :func:`_measures_alone`
+makes such a call from an unmarked test fail at once with the mark to add,
+so a missing mark fails every run rather than now and then.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +56,9 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the notebook smoke runs first: they are the longest, and side by side
+    # (make test's first phase) the workers then finish close together
+    items.sort(key=lambda item: "notebook" not in item.keywords)
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:
         return
@@ -57,6 +70,40 @@ def pytest_collection_modifyitems(config, items):
     reason = "no usable CUDA: " + "; ".join(found.reasons)
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+#: What measures this computer in a test's own process: (module, attribute).
+_MEASURING = (
+    ("lib.execution.cpu", "CpuBackend.start"),
+    ("lib.execution.load", "CoreLoad.start"),
+    ("lib.platform.dask_cluster", "DaskCluster.__init__"),
+    ("lib.platform.telemetry", "_proc_stat_times"),
+    ("lib.platform.telemetry", "runnable_look"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _measures_alone(request, monkeypatch):
+    """On an xdist worker, an unmarked test that measures this computer fails
+    at its first measuring call (see the module's docstring)."""
+    if (not os.environ.get("PYTEST_XDIST_WORKER")
+            or request.node.get_closest_marker("serial")):
+        yield
+        return
+    import importlib
+
+    for module, attr in _MEASURING:
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+
+        def refuse(*args, _what=f"{module}.{attr}", **kwargs):
+            raise RuntimeError(
+                f"{request.node.nodeid} measures this computer ({_what}) while "
+                "other tests run beside it: mark it @pytest.mark.serial")
+        monkeypatch.setattr(owner, name, refuse)
+    yield
 
 
 @pytest.fixture(scope="session")

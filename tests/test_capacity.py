@@ -112,6 +112,7 @@ def spinners():
             pass
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not LINUX, reason="needs /proc and sched_setaffinity")
 @pytest.mark.parametrize("count, expected", [(1, 0.5), (2, 1 / 3)])
 def test_spinners_on_core_zero_take_their_share(spinners, count, expected):
@@ -146,6 +147,7 @@ def test_spinners_on_core_zero_take_their_share(spinners, count, expected):
     assert snap.contenders[0] == pytest.approx(count, abs=0.5), readings
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not LINUX, reason="needs /proc and sched_setaffinity")
 def test_our_own_children_are_not_contention():
     cores = sorted(os.sched_getaffinity(0))

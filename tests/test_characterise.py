@@ -63,6 +63,7 @@ def test_smoke_budget_spans_two_orders_of_work():
             assert max(works) / min(works) >= 100, kind
 
 
+@pytest.mark.serial
 def test_smoke_writes_default_path(smoke):
     home, obj = smoke
     path = home / "characterisation" / "local-cpu.json"
@@ -214,6 +215,7 @@ def test_old_characterisation_without_disturbance_still_calibrates(smoke):
     assert report.n_train > 0
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux")
 def test_characterise_under_induced_load_records_the_capacity_it_left(tmp_path,
                                                                        monkeypatch):

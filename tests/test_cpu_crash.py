@@ -17,8 +17,9 @@ from lib.execution.cpu import CpuBackend
 from lib.execution.shm import _alive, reclaim_orphans, shm_root
 from lib.platform.machines import load_machine
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
-                                reason="the cpu backend pins workers (Linux only)")
+pytestmark = [pytest.mark.serial,
+              pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
+                                 reason="the cpu backend pins workers (Linux only)")]
 
 #: A run long enough to be killed in the middle of (a few seconds per shard).
 VICTIM = """

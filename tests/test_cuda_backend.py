@@ -85,6 +85,7 @@ def test_without_cuda_the_backend_says_why(hetero4):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.serial
 def test_sweep_runs_every_kind_on_local_cpu(tmp_path):
     from lib.cli.sweep import sweep
 

@@ -33,6 +33,9 @@ from lib.platform.telemetry import Snapshot
 from lib.policies.registry import make_policy
 from lib.runtime import Agent
 
+#: every test here starts a Dask cluster or measures this computer
+pytestmark = pytest.mark.serial
+
 distributed = pytest.importorskip("distributed")
 get_task_stream = distributed.get_task_stream
 

@@ -542,6 +542,7 @@ def test_flat_observation_round_trips():
     assert all(np.array_equal(back[k], obs[k]) for k in obs)
 
 
+@pytest.mark.serial
 def test_cpu_backend_measures_a_small_step(local_cpu):
     task = TaskSpec("elementwise", {"N": 200_000})
     env = SplitEnv(backend="cpu", machine="local-cpu", tasks=(task,))

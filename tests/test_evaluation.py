@@ -114,6 +114,7 @@ def test_json_and_markdown(smoke_report):
     assert smoke_report.to_markdown().startswith("> **Warning: PREDICTED.**")
 
 
+@pytest.mark.serial
 def test_measured_rows_on_local_cpu(monkeypatch):
     # three shuffled rounds a task, not twenty-five: what is checked here is
     # the labels, the induced states and the shared runs, not the medians

@@ -22,6 +22,9 @@ from lib.execution import (
 from lib.execution.cpu import HEAP_KEEP_MAX, heap_keep, reserve
 from lib.policies.baselines import EqualSplit
 
+#: the cpu backend's tests measure this computer
+pytestmark = pytest.mark.serial
+
 SMALL = {
     "matmul": {"M": 203, "N": 64, "K": 48},
     "reduce": {"N": 1_000_003},

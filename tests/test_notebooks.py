@@ -71,6 +71,7 @@ def test_notebook_smoke_run(book_env, nb):
         assert values["cpu_measured"] and values["failure_caught"]
 
 
+@pytest.mark.serial
 def test_execution_notebook_on_local_cpu_measures(book_env):
     nb = ROOT / "notebooks" / "m08-execution.ipynb"
     record, figures = _smoke(nb, book_env, machine="local-cpu", backend="cpu")

@@ -177,6 +177,7 @@ def test_resume_after_interruption_ends_identical(tmp_path):
         np.testing.assert_array_equal(rest.policy.learner.params[k], v)
 
 
+@pytest.mark.serial
 def test_measured_stage_on_local_cpu(tmp_path):
     cfg = TrainConfig(machine="local-cpu", budget="smoke", seed=0,
                       stages=("measured",))

@@ -104,6 +104,7 @@ def test_optimize_never_trusts_the_policy():
     assert "feasibility.device" in info.value.verdict.checks
 
 
+@pytest.mark.serial
 def test_agent_on_local_cpu_measures(local_cpu):
     task = TaskSpec("reduce", {"N": 100_000})
     with Agent(machine="local-cpu", backend="cpu") as agent:

@@ -104,6 +104,7 @@ def test_nvml_real_driver():
     assert all(snap.links[i][i] == "self" for i in range(count))
 
 
+@pytest.mark.serial
 def test_local_cpu_snapshot_reads_the_os():
     machine = load_machine("local-cpu")
     try:
@@ -194,6 +195,7 @@ def test_device_that_cannot_list_processes_falls_back_on_utilisation(record):
     assert snap.capacity[1] == 1.0
 
 
+@pytest.mark.serial
 def test_local_cpu_snapshot_has_capacity():
     try:
         snap = local_cpu_snapshot(load_machine("local-cpu"), interval=0.05)

@@ -142,6 +142,7 @@ def test_the_environment_steps_on_its_tasks(kinds):
     env.close()
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("machine,backend", [("hetero-4", "model"),
                                              ("local-cpu", "cpu"),
                                              ("dask-local:2", "dask")])
@@ -155,6 +156,7 @@ def test_it_runs_and_verifies_on_the_model_cpu_and_dask_backends(kinds, machine,
             assert r.metrics.measured is (backend != "model")
 
 
+@pytest.mark.serial
 def test_an_uneven_split_on_the_cpu_workers_equals_the_reference(kinds):
     task = softmax_task(1001, 33)
     d = Decision(gpus=(0, 1), shares=(0.73, 0.27), chunk=1001, block=256,
