@@ -7,7 +7,9 @@ alone. A test is ``serial`` when it measures this computer in its own process
 reads the cores' load and capacity from ``/proc`` -- because the tests beside
 it would show up in what it measures. On a worker, :func:`_measures_alone`
 makes such a call from an unmarked test fail at once with the mark to add,
-so a missing mark fails every run rather than now and then.
+so a missing mark fails every run rather than now and then; and a ``serial``
+test collected on a worker (``pytest -n 2`` without ``-m "not serial"``) is
+skipped with the reason, not measured beside the others.
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def pytest_collection_modifyitems(config, items):
     # the notebook smoke runs first: they are the longest, and side by side
     # (make test's first phase) the workers then finish close together
     items.sort(key=lambda item: "notebook" not in item.keywords)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # beside other tests a measurement measures them too: skip, and say where
+        # the test runs (the second phase of make test, or pytest -m serial)
+        for item in items:
+            if item.get_closest_marker("serial"):
+                item.add_marker(pytest.mark.skip(
+                    reason="serial: it measures this computer, so it runs alone "
+                           "(make test's second phase, or pytest -m serial)"))
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:
         return
