@@ -5,7 +5,10 @@ on several workers side by side (pytest-xdist), then the ``serial`` tests
 alone. A test is ``serial`` when it measures this computer in its own process
 -- starts the cpu backend's workers, a Dask cluster or an induced load, or
 reads the cores' load and capacity from ``/proc`` -- because the tests beside
-it would show up in what it measures. On a worker, :func:`_measures_alone`
+it would show up in what it measures; and so is the execution chapter's run on
+``local-cpu``, which measures in its kernel. (Tests that only start a measuring
+command, and check what it prints but not what it measured, run side by side.)
+On a worker, :func:`_measures_alone`
 makes such a call from an unmarked test fail at once with the mark to add,
 so a missing mark fails every run rather than now and then; and a ``serial``
 test collected on a worker (``pytest -n 2`` without ``-m "not serial"``) is
