@@ -8,11 +8,11 @@ reads the cores' load and capacity from ``/proc`` -- because the tests beside
 it would show up in what it measures; and so is the execution chapter's run on
 ``local-cpu``, which measures in its kernel. (Tests that only start a measuring
 command, and check what it prints but not what it measured, run side by side.)
-On a worker, :func:`_measures_alone`
-makes such a call from an unmarked test fail at once with the mark to add,
-so a missing mark fails every run rather than now and then; and a ``serial``
-test collected on a worker (``pytest -n 2`` without ``-m "not serial"``) is
-skipped with the reason, not measured beside the others.
+On a worker, :func:`_measures_alone` makes such a call from an unmarked test
+fail at once with the mark to add, so a missing mark fails every run rather
+than now and then; and a ``serial`` test collected on a worker (``pytest -n 2``
+without ``-m "not serial"``) is skipped with the reason, not measured beside
+the others.
 """
 
 from __future__ import annotations
@@ -85,13 +85,13 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-#: What measures this computer in a test's own process: (module, attribute).
+#: What measures this computer in a test's own process.
 _MEASURING = (
-    ("lib.execution.cpu", "CpuBackend.start"),
-    ("lib.execution.load", "CoreLoad.start"),
-    ("lib.platform.dask_cluster", "DaskCluster.__init__"),
-    ("lib.platform.telemetry", "_proc_stat_times"),
-    ("lib.platform.telemetry", "runnable_look"),
+    "lib.execution.cpu.CpuBackend.start",
+    "lib.execution.load.CoreLoad.start",
+    "lib.platform.dask_cluster.DaskCluster.__init__",
+    "lib.platform.telemetry._proc_stat_times",
+    "lib.platform.telemetry.runnable_look",
 )
 
 
@@ -101,22 +101,13 @@ def _measures_alone(request, monkeypatch):
     at its first measuring call (see the module's docstring)."""
     if (not os.environ.get("PYTEST_XDIST_WORKER")
             or request.node.get_closest_marker("serial")):
-        yield
         return
-    import importlib
-
-    for module, attr in _MEASURING:
-        owner = importlib.import_module(module)
-        *path, name = attr.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-
-        def refuse(*args, _what=f"{module}.{attr}", **kwargs):
+    for target in _MEASURING:
+        def refuse(*args, _what=target, **kwargs):
             raise RuntimeError(
                 f"{request.node.nodeid} measures this computer ({_what}) while "
                 "other tests run beside it: mark it @pytest.mark.serial")
-        monkeypatch.setattr(owner, name, refuse)
-    yield
+        monkeypatch.setattr(target, refuse)
 
 
 @pytest.fixture(scope="session")
