@@ -335,3 +335,75 @@ def test_train_takes_step_counts_and_the_finetune_backend_and_says_where_it_save
     assert "(MEASURED (cpu))" in p.stdout
     bad = gpuhive("train", "--machine", "local-cpu", "--finetune-steps", "-1")
     assert bad.returncode == 2 and "--finetune-steps" in bad.stderr
+
+
+#: Modules a command that decides, runs or generates nothing has no use for:
+#: Numba, the execution backends, the runtime, the learned policy and the
+#: optimum, the code-generation and security planes, the training pipeline.
+HEAVY = ("numba", "lib.execution", "lib.runtime", "lib.policies.learned",
+         "lib.policies.oracle", "lib.codegen", "lib.security", "lib.training")
+
+
+def test_the_parser_and_every_commands_help_load_no_heavy_module():
+    # A fresh interpreter: this one has loaded everything already. A
+    # command's help may load a module only to list the choices it reads
+    # from there on first use (LazyChoices), so those helps are formatted
+    # last, and what they load is not counted.
+    code = ("import sys\n"
+            "from lib.cli import build_parser\n"
+            "from lib.cli.common import LazyChoices\n"
+            "parser = build_parser()\n"
+            "parser.format_help()\n"
+            "subs = parser._subparsers._group_actions[0].choices\n"
+            "lazy = {name for name, sub in subs.items() if any(\n"
+            "    isinstance(a.choices, LazyChoices) for a in sub._actions)}\n"
+            "for name, sub in subs.items():\n"
+            "    if name not in lazy:\n"
+            "        sub.format_help()\n"
+            "print(len(subs), len(lazy))\n"
+            f"print(' '.join(m for m in sys.modules if m.startswith({HEAVY!r})))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    counts, loaded = (p.stdout.splitlines() + [""])[:2]
+    commands, lazy = map(int, counts.split())
+    assert commands >= 17 and commands - lazy >= 15
+    assert loaded == "", f"building the parser loaded {loaded}"
+
+
+def test_help_still_lists_the_choices_read_on_first_use():
+    p = gpuhive("train", "--help")
+    assert p.returncode == 0, p.stderr
+    assert "no-telemetry" in p.stdout and "ppo" in p.stdout
+    p = gpuhive("codegen", "--help")
+    assert p.returncode == 0, p.stderr
+    assert "template" in p.stdout and "recorded" in p.stdout
+    p = gpuhive("train", "--features", "nonsense")
+    assert p.returncode == 2
+    assert "invalid choice: 'nonsense'" in p.stderr and "no-topology" in p.stderr
+
+
+def test_the_error_classes_are_named_where_they_are_defined():
+    import importlib
+
+    from lib.cli import BAD_INPUT, EXECUTION_FAILED
+
+    for module, name in BAD_INPUT + EXECUTION_FAILED:
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, Exception) and cls.__module__ == module, (module, name)
+
+
+def test_errors_are_told_apart_by_their_classes():
+    from lib.cli import BAD_INPUT, EXECUTION_FAILED, _is_one_of
+    from lib.execution.base import BackendUnavailable, ExecutionError
+    from lib.runtime import DecisionRejected
+    from lib.security.verdict import Verdict, Violation
+
+    assert _is_one_of(BackendUnavailable("no GPU"), BAD_INPUT)
+    refused = Verdict("gate1", (Violation("form.shares", "a negative share"),))
+    assert _is_one_of(DecisionRejected(refused), BAD_INPUT)
+    assert not _is_one_of(ExecutionError("worker died"), BAD_INPUT)
+    assert _is_one_of(ExecutionError("worker died"), EXECUTION_FAILED)
+    assert not _is_one_of(ValueError("a bug"), BAD_INPUT + EXECUTION_FAILED)
+    # a class whose module is not loaded is not looked for (nor imported)
+    assert not _is_one_of(ValueError("x"), (("lib.no_such_module", "Error"),))

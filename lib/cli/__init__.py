@@ -53,13 +53,6 @@ from lib.cli import (
     validate,
 )
 from lib.cli.common import UsageError, check_home
-from lib.contract import ContractError, NoFeasibleDecision
-from lib.costmodel.parameters import CalibrationError
-from lib.execution import BackendUnavailable, ExecutionError
-from lib.platform.machines import MachineError
-from lib.runtime import DecisionRejected
-from lib.security.seal import SealError
-from lib.storage import StorageError
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 
@@ -69,10 +62,20 @@ COMMANDS = (doctor, explain, decide, run, validate, characterise, calibrate,
             history, codegen, scan, security_audit, sweep, train, evaluate, bench,
             book, server_setup)
 
-#: Errors that mean the input was bad: one line on stderr, exit status 2.
-BAD_INPUT = (UsageError, ContractError, MachineError, DecisionRejected,
-             BackendUnavailable, StorageError, CalibrationError, SealError,
-             NoFeasibleDecision)
+#: Errors that mean the input was bad (one line on stderr, exit status 2), as
+#: (defining module, class name). Named, not imported: most of their modules
+#: are heavy (the execution backends, the runtime and its policies), and a
+#: command that never loads one cannot raise its error (:func:`_is_one_of`).
+BAD_INPUT = (("lib.cli.common", "UsageError"), ("lib.contract", "ContractError"),
+             ("lib.platform.machines", "MachineError"),
+             ("lib.runtime", "DecisionRejected"),
+             ("lib.execution.base", "BackendUnavailable"),
+             ("lib.storage", "StorageError"),
+             ("lib.costmodel.parameters", "CalibrationError"),
+             ("lib.security.seal", "SealError"),
+             ("lib.contract", "NoFeasibleDecision"))
+#: A run that failed on a device or backend: one line, exit status 1.
+EXECUTION_FAILED = (("lib.execution.base", "ExecutionError"),)
 #: The exit status when stdout's reader has gone: 128 + SIGPIPE, as for a tool
 #: the signal ended.
 EXIT_PIPE = 141
@@ -128,19 +131,31 @@ def _run(args: argparse.Namespace) -> int:
     try:
         check_home()
         return args.run(args)
-    except BAD_INPUT as exc:
-        print(f"gpuhive: error: {exc}", file=sys.stderr)
-        return 2
-    except ExecutionError as exc:
-        print(f"gpuhive: execution failed: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("gpuhive: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         raise
     except Exception as exc:
+        if _is_one_of(exc, BAD_INPUT):
+            print(f"gpuhive: error: {exc}", file=sys.stderr)
+            return 2
+        if _is_one_of(exc, EXECUTION_FAILED):
+            print(f"gpuhive: execution failed: {exc}", file=sys.stderr)
+            return 1
         return _internal_error(exc)
+
+
+def _is_one_of(exc: BaseException, names: Sequence[tuple[str, str]]) -> bool:
+    """Whether ``exc`` is an instance of one of the classes ``names`` (defining
+    module, class name). A class whose module was never imported has no
+    instances, so only modules already loaded are looked in: nothing is
+    imported here."""
+    for module, name in names:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    return False
 
 
 def _internal_error(exc: BaseException) -> int:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from lib.cli.common import (
     DEFAULT_DTYPE,
     DEFAULT_MACHINE,
+    LazyChoices,
     UsageError,
     add_json,
     add_machine,
@@ -23,17 +25,18 @@ from lib.cli.common import (
     parse_dims,
     read_text,
 )
-from lib.codegen import PROVIDERS, CodeGenerator, CodegenError, GeneratedKernel
-from lib.codegen.llm import Provider
-from lib.codegen.plane import CHECKS
 from lib.contract import TaskSpec
-from lib.platform.machines import load_machine
-from lib.policies.baselines import ProportionalToPeak
-from lib.security import check_decision
+
+if TYPE_CHECKING:
+    from lib.codegen import GeneratedKernel
+    from lib.codegen.llm import Provider
 
 HELP = "CUDA source specialised to the decision for a task, through Gate 2"
 #: The provider ``--provider`` names by default: the shipped templates, offline.
 DEFAULT_PROVIDER = "template"
+#: The providers, read from the code-generation plane only when a command
+#: needs them (it loads the compilers' bindings).
+PROVIDERS = LazyChoices("lib.codegen", "PROVIDERS")
 def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DTYPE,
                      machine_name: str = DEFAULT_MACHINE,
                      provider: str | Provider = DEFAULT_PROVIDER,
@@ -51,6 +54,11 @@ def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DT
         CodegenError: Gate 1 refused the decision, a provider is not
             configured for the template-only path, or no NVRTC.
     """
+    from lib.codegen import CodeGenerator, CodegenError
+    from lib.platform.machines import load_machine
+    from lib.policies.baselines import ProportionalToPeak
+    from lib.security import check_decision
+
     task = TaskSpec(kind, dict(dims), dtype)
     machine = load_machine(machine_name)
     decision = ProportionalToPeak().decide(task, machine, None).with_hash(task)
@@ -73,7 +81,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_task_options(p, required=True)
     add_machine(p)
     p.add_argument("--provider", default=DEFAULT_PROVIDER, choices=PROVIDERS,
-                   help="where the source comes from (default: %(default)s)")
+                   metavar="NAME",
+                   help="where the source comes from, one of %(choices)s "
+                        "(default: %(default)s)")
     p.add_argument("--model", help="LLM model name (default from GPUHIVE_*_MODEL)")
     p.add_argument("--answers", metavar="FILE.json",
                    help="with --provider recorded: the stored answers, "
@@ -94,6 +104,7 @@ def recorded_provider(args: argparse.Namespace,
     """The recorded provider of ``--answers`` and ``--answer-id`` and the id
     of the answer it replays for ``task``, checked to be there and to be an
     answer for the task's kind and dtype."""
+    from lib.codegen import CodegenError
     from lib.codegen.llm import RECORDED_PATH, RecordedProvider
 
     if args.model:
@@ -120,6 +131,9 @@ def recorded_provider(args: argparse.Namespace,
 def run(args: argparse.Namespace) -> int:
     """Print the kernel's source (``--show``) or its description and which
     code was used; exit 0."""
+    from lib.codegen import CodegenError
+    from lib.codegen.plane import CHECKS
+
     if args.provider != "recorded" and (args.answers or args.answer_id):
         raise UsageError("--answers and --answer-id need --provider recorded")
     task = TaskSpec(args.kind, parse_dims(args.dim or []), args.dtype)

@@ -16,10 +16,11 @@ import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lib.budgets import BUDGETS, DEFAULT_BUDGET
 from lib.contract import (
+    BACKENDS,
     DEFAULT_DTYPE,
     DTYPES,
     KIND_DIMS,
@@ -29,9 +30,10 @@ from lib.contract import (
     TaskSpec,
     loads_strict,
 )
-from lib.execution import BACKENDS
-from lib.policies.baselines import Policy
 from lib.policies.registry import POLICIES, make_policy
+
+if TYPE_CHECKING:
+    from lib.policies.baselines import Policy
 
 #: The machine profile most commands default to (four different GPUs, simulated).
 DEFAULT_MACHINE = "hetero-4"

@@ -25,9 +25,6 @@ from lib.cli.common import (
     repeats_type,
 )
 from lib.contract import TaskSpec, decision_from_weights
-from lib.execution import get_backend
-from lib.platform.machines import load_machine
-from lib.policies.baselines import EqualSplit
 
 HELP = "every kind on one device and on all devices, timed and verified " \
        "(make gpu-check)"
@@ -51,6 +48,10 @@ def sweep(machine_name: str, backend: str, *, scale: float = 1.0, seed: int = 0,
         scale: multiplies the divisible dimension of every task.
         out: where to write the JSON (also returned).
     """
+    from lib.execution import get_backend
+    from lib.platform.machines import load_machine
+    from lib.policies.baselines import EqualSplit
+
     machine = load_machine(machine_name)
     rows = []
     start = time.perf_counter()

@@ -16,12 +16,13 @@ from lib.cli.common import (
     count_type,
 )
 from lib.contract import BACKENDS
-from lib.policies.learned import FEATURE_SETS
 
 HELP = "the three-stage training pipeline (cost model, noisy calibrated model, " \
        "measured runs)"
 #: The learners, read from the training package only when ``train`` needs them.
 LEARNERS = LazyChoices("lib.training", "LEARNERS")
+#: The ablations' feature sets, read from the learned policy's module likewise.
+FEATURES = LazyChoices("lib.policies.learned", "FEATURE_SETS")
 #: The backends a measured stage can run on.
 REAL_BACKENDS = tuple(b for b in BACKENDS if b != "model")
 #: The learner ``--learner`` names by default.
@@ -45,9 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="the learning algorithm, one of %(choices)s "
                         "(default: %(default)s)")
     p.add_argument("--features", default=DEFAULT_FEATURES,
-                   choices=tuple(FEATURE_SETS),
-                   help="ablation: the state features the policy sees "
-                        "(default: %(default)s)")
+                   choices=FEATURES, metavar="SET",
+                   help="ablation: the state features the policy sees, one of "
+                        "%(choices)s (default: %(default)s)")
     p.add_argument("--no-mask", action="store_true",
                    help="ablation: act without the action mask")
     p.add_argument("--no-curriculum", action="store_true",

@@ -5,6 +5,11 @@ evaluation share.
 :data:`lib.policies.baselines.BASELINES`, and ``oracle`` is the exhaustive
 optimum under the cost model. :func:`make_policy` also takes the path of a
 policy file (``.npz``), so a policy of one's own is named the same way.
+
+The learned policy and the optimum are imported when one is made, not with
+this module: their modules compile Numba kernels and build the optimum's
+tables, which a command that only lists the names (``gpuhive --help``) does
+not need.
 """
 
 from __future__ import annotations
@@ -12,10 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from lib.policies import learned
 from lib.policies.baselines import BASELINES, Policy, ProportionalToPeak
-from lib.policies.learned import load_policy
-from lib.policies.oracle import Oracle
 
 
 def default_policy() -> Policy:
@@ -26,15 +28,25 @@ def default_policy() -> Policy:
         lib.learners.ppo.PolicyFormatError: a shipped file that cannot be
             loaded (never silently replaced by a baseline).
     """
-    if not learned.DEFAULT_POLICY.is_file():
+    from lib.policies.learned import DEFAULT_POLICY, load_policy
+
+    if not DEFAULT_POLICY.is_file():
         return ProportionalToPeak()
     return load_policy()
+
+
+def oracle() -> Policy:
+    """The exhaustive optimum under the cost model
+    (:class:`lib.policies.oracle.Oracle`)."""
+    from lib.policies.oracle import Oracle
+
+    return Oracle()
 
 
 #: Every policy by name: the learned one (``rl``), the six cheap baselines and
 #: the exhaustive optimum (``oracle``). Each value makes a fresh policy.
 POLICIES: dict[str, Callable[[], Policy]] = {
-    "rl": default_policy, **BASELINES, "oracle": Oracle}
+    "rl": default_policy, **BASELINES, "oracle": oracle}
 
 
 def make_policy(name: str, seed: int = 0) -> Policy:
@@ -49,6 +61,8 @@ def make_policy(name: str, seed: int = 0) -> Policy:
     if name in POLICIES:
         return POLICIES[name](seed) if name == "random" else POLICIES[name]()
     if name.endswith(".npz") or Path(name).is_file():
+        from lib.policies.learned import load_policy
+
         return load_policy(name)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, "
                      "or the path of a policy file (.npz)")
