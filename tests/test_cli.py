@@ -53,6 +53,33 @@ def test_run_on_local_cpu_measures_and_verifies():
     assert device_lines and all(x.rstrip().endswith("MEASURED") for x in device_lines)
 
 
+def test_run_warms_the_workers_up_before_it_times_by_default():
+    task = ["run", "--kind", "reduce", "--dim", "N=65536", "--machine", "local-cpu",
+            "--backend", "cpu"]
+    p = gpuhive(*task, "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["warmup"] == 1 and out["metrics"]["repeats"] == 1
+    p = gpuhive(*task, "--warmup", "0", "--repeats", "3")
+    assert p.returncode == 0, p.stderr
+    assert "no warm-up: the first timed run includes" in p.stdout
+    assert "median of 3" in p.stdout
+    p = gpuhive(*task[:-2], "--backend", "model", "--json")
+    assert json.loads(p.stdout)["warmup"] == 0  # a prediction warms nothing up
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "dask"])
+def test_run_hands_repeats_and_warmups_to_every_measuring_backend(backend):
+    from lib.cli import build_parser
+    from lib.cli.run import backend_options
+
+    args = build_parser().parse_args(["run", "--backend", backend, "--repeats", "5",
+                                      "--warmup", "2", "--seed", "7"])
+    assert backend_options(args) == {"seed": 7, "repeats": 5, "warmup": 2}
+    args = build_parser().parse_args(["run", "--backend", "model"])
+    assert backend_options(args) == {"seed": 0}
+
+
 @pytest.mark.parametrize("args, needle", [
     (["run", "--kind", "matmul", "--dim", "M=-1", "--dim", "N=4", "--dim", "K=4"],
      "dims.M"),

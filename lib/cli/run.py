@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from lib.cli.common import (
-    LOCAL_BACKEND,
     add_backend,
     add_json,
     add_machine,
@@ -23,8 +22,11 @@ from lib.cli.common import (
     repeats_type,
     task_from_args,
 )
+from lib.contract import MEASURING_BACKENDS
 
 HELP = "decide, validate, execute, optionally verify"
+#: Untimed runs before the timed ones on a measuring backend, by default.
+DEFAULT_WARMUP = 1
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -49,11 +51,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="compare the result with the NumPy reference")
     add_seed(p, "inputs")
     p.add_argument("--repeats", type=repeats_type, default=1,
-                   help="timed repeats, 1 or more (cpu)")
-    p.add_argument("--warmup", type=count_type, default=0,
-                   help="untimed runs first, 0 or more (cpu)")
+                   help="timed runs on a measuring backend, 1 or more; the "
+                        "figure is their median (default: %(default)s)")
+    p.add_argument("--warmup", type=count_type, default=DEFAULT_WARMUP,
+                   help="untimed runs first on a measuring backend, 0 or more "
+                        "(default: %(default)s: a worker's first run pays its "
+                        "start-up, hundreds of milliseconds on the cpu backend, "
+                        "which the figure should not hold)")
     p.set_defaults(run=run)
     return p
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backend's options: the inputs' seed, and on a measuring backend
+    (cpu, cuda, dask) the timed repeats and the warm-ups."""
+    options: dict[str, Any] = {"seed": args.seed}
+    if args.backend in MEASURING_BACKENDS:
+        options.update(repeats=args.repeats, warmup=args.warmup)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,11 +85,8 @@ def run(args: argparse.Namespace) -> int:
     decision = load_file(args.decision, "decision", parse) \
         if args.decision else None
     check_calibration(args.machine)
-    options: dict[str, Any] = {"seed": args.seed}
-    if args.backend == LOCAL_BACKEND:
-        options.update(repeats=args.repeats, warmup=args.warmup)
     agent = Agent(policy=policy_from_args(args), machine=args.machine,
-                  backend=args.backend, **options)
+                  backend=args.backend, **backend_options(args))
     try:
         if decision is not None:
             if args.rehash:
@@ -94,12 +106,19 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {agent.machine.devices[g].label:<20} "
                          f"{decision.shares[pos]:6.3f} "
                          f"{fmt_seconds(m.per_device_seconds[g]):>10}  {tag}")
-    lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({m.backend} backend"
-                 f"{f', median of {m.repeats}' if m.repeats > 1 else ''})")
+    how = [f"{m.backend} backend"]
+    if m.measured:
+        how.append(f"after {args.warmup} warm-up{'s' if args.warmup > 1 else ''}"
+                   if args.warmup else "no warm-up: the first timed run includes the "
+                   "workers' start-up")
+    if m.repeats > 1:
+        how.append(f"median of {m.repeats}")
+    lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({', '.join(how)})")
     if m.verified is not None:
         lines.append(f"verified {str(m.verified).lower()} (max abs error "
                      f"{m.max_abs_error:.3g})")
     emit(args, {"task": task.to_json(), "machine": agent.machine.name,
-                "decision": decision.to_json(), "metrics": m.to_json()},
+                "decision": decision.to_json(), "metrics": m.to_json(),
+                "warmup": args.warmup if m.measured else 0},
          "\n".join(lines))
     return 0 if m.verified is not False else 1
