@@ -62,8 +62,7 @@ def test_run_warms_the_workers_up_before_it_times_by_default():
     assert out["warmup"] == 1 and out["metrics"]["repeats"] == 1
     p = gpuhive(*task, "--warmup", "0", "--repeats", "3")
     assert p.returncode == 0, p.stderr
-    assert "no warm-up: the first timed run includes" in p.stdout
-    assert "median of 3" in p.stdout
+    assert "(cpu backend, no warm-up, median of 3)" in p.stdout
     p = gpuhive(*task[:-2], "--backend", "model", "--json")
     assert json.loads(p.stdout)["warmup"] == 0  # a prediction warms nothing up
 

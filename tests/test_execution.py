@@ -160,6 +160,38 @@ def test_killed_worker_is_an_error_not_a_partial_result(local_cpu):
             b.run(task, d)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_start_returns_when_every_worker_is_ready(local_cpu):
+    # A worker pins itself to its core and then says it is ready; a start
+    # that did not wait would find them still starting (a spawned interpreter
+    # takes a good part of a second), on every core the parent may use.
+    with CpuBackend(local_cpu) as b:
+        b.start()
+        assert len(b.workers) == local_cpu.n
+        for core, proc in zip(b._cores(), b.workers, strict=True):
+            assert proc.is_alive()
+            with open(f"/proc/{proc.pid}/status") as fh:
+                allowed = next(x for x in fh if x.startswith("Cpus_allowed_list"))
+            assert allowed.split()[1] == str(core), (core, allowed)
+        assert not any(conn.poll() for conn in b._conns)  # each word was read
+
+
+def test_a_worker_that_dies_before_it_is_ready_is_named(local_cpu):
+    from multiprocessing import get_context
+
+    ctx = get_context("spawn")
+    b = CpuBackend(local_cpu, timeout=60)
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=os._exit, args=(3,))  # dies at once, says nothing
+    proc.start()
+    child.close()
+    b.workers, b._conns = [proc], [parent]
+    with pytest.raises(ExecutionError, match="the worker for device 0:CPU core 0 "
+                                             "exited before it was ready"):
+        b._wait_ready()
+    assert b.workers == [] and not proc.is_alive()
+
+
 def test_cpu_backend_refuses_gpu_profiles(hetero4):
     with pytest.raises(BackendUnavailable, match="non-CPU devices"):
         get_backend("cpu", hetero4)

@@ -55,9 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "figure is their median (default: %(default)s)")
     p.add_argument("--warmup", type=count_type, default=DEFAULT_WARMUP,
                    help="untimed runs first on a measuring backend, 0 or more "
-                        "(default: %(default)s: a worker's first run pays its "
-                        "start-up, hundreds of milliseconds on the cpu backend, "
-                        "which the figure should not hold)")
+                        "(default: %(default)s: a worker's first run of a task "
+                        "maps its buffers and finds them cold, which the "
+                        "figure should not hold)")
     p.set_defaults(run=run)
     return p
 
@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     how = [f"{m.backend} backend"]
     if m.measured:
         how.append(f"after {args.warmup} warm-up{'s' if args.warmup > 1 else ''}"
-                   if args.warmup else "no warm-up: the first timed run includes the "
-                   "workers' start-up")
+                   if args.warmup else "no warm-up")
     if m.repeats > 1:
         how.append(f"median of {m.repeats}")
     lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({', '.join(how)})")
