@@ -42,6 +42,13 @@ gone (killed with SIGKILL included), and each run's buffers live in a folder
 named after the process that owns it (``gpuhive-<pid>-...`` under the shared
 memory root), so the next backend to start removes the folders of owners that
 no longer exist (:func:`lib.execution.shm.reclaim_orphans`).
+
+Why one module: the worker's loop and the parent's side of it
+(:meth:`CpuBackend.start`, :meth:`CpuBackend._dispatch`) are the two ends of
+one protocol over a pipe (``ready``, a job, its ``ok`` or ``error``, a
+run's ``release`` and ``last``), and the memory each end holds for a run
+(the mapped inputs, the kept heap, the reserved output) is one arrangement;
+a change to either end is a change to both, read in one place.
 """
 
 from __future__ import annotations
