@@ -13,6 +13,11 @@ fail at once with the mark to add, so a missing mark fails every run rather
 than now and then; and a ``serial`` test collected on a worker (``pytest -n 2``
 without ``-m "not serial"``) is skipped with the reason, not measured beside
 the others.
+
+Each test file has a ``GPUHIVE_HOME`` of its own (:func:`_home_of_its_own`):
+what one file leaves there -- a notebook's characterisation of ``local-cpu``,
+a saved calibration, a history -- changes what the machine's profile and
+cost model say, and the files run in whatever order, on whichever worker.
 """
 
 from __future__ import annotations
@@ -93,6 +98,26 @@ _MEASURING = (
     "lib.platform.telemetry._proc_stat_times",
     "lib.platform.telemetry.runnable_look",
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _home_of_its_own(tmp_path_factory):
+    """A fresh ``GPUHIVE_HOME`` for each test file, the session's again after
+    it. MEASURED why: with one home for the session, the characterisation
+    and cost-model chapters' smoke runs left a ``local-cpu`` profile there,
+    and a later file on the same worker then predicted the learned policy at
+    1.066 of the optimum on idle ``local-cpu``, where the profile a fresh home
+    gives keeps it within 1.05."""
+    before = os.environ.get("GPUHIVE_HOME")
+    home = tmp_path_factory.mktemp("home")
+    os.environ["GPUHIVE_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if before is None:
+            os.environ.pop("GPUHIVE_HOME", None)
+        else:
+            os.environ["GPUHIVE_HOME"] = before
 
 
 @pytest.fixture(autouse=True)
