@@ -18,7 +18,7 @@ LIB = ROOT / "lib"
 LAZY_OK = {
     # each command's plane on demand, so ``gpuhive --help`` is fast
     LIB / "cli",
-    # every policy's name without the learned policy's Numba kernels or the
+    # every policy's name without importing Numba for the learned policy or the
     # optimum's search, which the command line's parser lists
     LIB / "policies" / "registry.py",
     # the backend classes on first use (PEP 562), so a spawned cpu worker

@@ -7,9 +7,9 @@ optimum under the cost model. :func:`make_policy` also takes the path of a
 policy file (``.npz``), so a policy of one's own is named the same way.
 
 The learned policy and the optimum are imported when one is made, not with
-this module: their modules compile Numba kernels and build the optimum's
-tables, which a command that only lists the names (``gpuhive --help``) does
-not need.
+this module: their modules and what they import (Numba, the policy's fast
+path, the optimum's search) took a third of a second or more here, which a
+command that only lists the names (``gpuhive --help``) does not need.
 """
 
 from __future__ import annotations
