@@ -25,9 +25,9 @@ The workers start before the clock does, as a GPU's context is created before
 its first kernel is timed: :meth:`CpuBackend.start` returns when every worker
 has pinned itself to its core and said it is ready. A spawned worker is a
 fresh interpreter that imports this package first; while the first run waited
-for that, it measured 0.47 s for a reduction of 2^20 elements whose shards
-took under a millisecond (MEASURED on ``local-cpu``), and every later run
-0.02 s.
+for that, its figure held it: 0.31 s for a reduction of 2^20 elements over
+two cores whose second run measured 3 ms (MEASURED on ``local-cpu``; the
+first run now measures 2 to 4 ms).
 
 Times are wall-clock measurements (MEASURED):
 
@@ -281,7 +281,7 @@ class CpuBackend:
         (done lazily by :meth:`run`, before its clock starts).
 
         A spawned worker is a fresh interpreter that imports this package
-        before it can take a job: about 0.4 s on ``local-cpu``. Waiting for
+        before it can take a job: about 0.3 s on ``local-cpu``. Waiting for
         its word here keeps that out of the first timed run.
 
         Raises:
