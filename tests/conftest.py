@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -133,6 +135,19 @@ def _measures_alone(request, monkeypatch):
                 f"{request.node.nodeid} measures this computer ({_what}) while "
                 "other tests run beside it: mark it @pytest.mark.serial")
         monkeypatch.setattr(target, refuse)
+
+
+@pytest.fixture(scope="session")
+def fresh_python():
+    """Run Python source in a fresh interpreter (this one has loaded every
+    module already) and return what it printed; a failure fails the test
+    with its stderr. For checks of what an import loads."""
+    def run(code: str) -> str:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -370,7 +370,7 @@ HEAVY = ("numba", "lib.execution", "lib.runtime", "lib.policies.learned",
          "lib.policies.oracle", "lib.codegen", "lib.security", "lib.training")
 
 
-def test_the_parser_and_every_commands_help_load_no_heavy_module():
+def test_the_parser_and_every_commands_help_load_no_heavy_module(fresh_python):
     # A fresh interpreter: this one has loaded everything already. A
     # command's help may load a module only to list the choices it reads
     # from there on first use (LazyChoices); those helps are left out.
@@ -387,10 +387,7 @@ def test_the_parser_and_every_commands_help_load_no_heavy_module():
             "        sub.format_help()\n"
             "print(len(subs), len(lazy))\n"
             f"print(' '.join(m for m in sys.modules if m.startswith({HEAVY!r})))\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    counts, loaded = (p.stdout.splitlines() + [""])[:2]
+    counts, loaded = (fresh_python(code).splitlines() + [""])[:2]
     commands, lazy = map(int, counts.split())
     assert commands >= 17 and commands - lazy >= 15
     assert loaded == "", f"building the parser loaded {loaded}"
@@ -418,7 +415,7 @@ def test_the_error_classes_are_named_where_they_are_defined():
         assert issubclass(cls, Exception) and cls.__module__ == module, (module, name)
 
 
-def test_errors_are_told_apart_by_their_classes():
+def test_errors_are_told_apart_by_their_classes(fresh_python):
     from lib.cli import BAD_INPUT, EXECUTION_FAILED, _is_one_of
     from lib.execution.base import BackendUnavailable, ExecutionError
     from lib.runtime import DecisionRejected
@@ -435,7 +432,4 @@ def test_errors_are_told_apart_by_their_classes():
             "from lib.cli import BAD_INPUT, EXECUTION_FAILED, _is_one_of\n"
             "print(_is_one_of(ValueError('x'), BAD_INPUT + EXECUTION_FAILED),\n"
             "      'lib.runtime' in sys.modules, 'lib.execution' in sys.modules)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["False", "False", "False"]
+    assert fresh_python(code).split() == ["False", "False", "False"]

@@ -192,7 +192,7 @@ def test_a_worker_that_dies_before_it_is_ready_is_named(local_cpu):
     assert b.workers == [] and not proc.is_alive()
 
 
-def test_a_cpu_worker_imports_neither_the_cuda_nor_the_dask_backend():
+def test_a_cpu_worker_imports_neither_the_cuda_nor_the_dask_backend(fresh_python):
     # What a spawned worker imports before its first job: this package and
     # the cpu backend. The other backends load when they are asked for.
     code = ("import sys\n"
@@ -201,10 +201,7 @@ def test_a_cpu_worker_imports_neither_the_cuda_nor_the_dask_backend():
             " 'lib.codegen', 'lib.security') if m in sys.modules))\n"
             "from lib.execution import CudaBackend, get_backend\n"
             "print(CudaBackend.__module__, 'lib.execution.cuda' in sys.modules)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == ["", "lib.execution.cuda True"]
+    assert fresh_python(code).splitlines() == ["", "lib.execution.cuda True"]
 
 
 def test_cpu_backend_refuses_gpu_profiles(hetero4):
