@@ -39,8 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown "
                                                      "report here")
     p.add_argument("--repeats", type=repeats_type, default=None,
-                   help="timed repeats per measured run, medians taken (default: "
-                        "the budget's: 1, 3 or 5)")
+                   help="on a measured backend, the least rounds a task gets "
+                        "(short tasks get more, up to 25): each round runs "
+                        "every distinct decision once, and a decision's "
+                        "figure is the mean of its rounds with the fastest "
+                        "and slowest tenth cut (default: the budget's: 1, 3 "
+                        "or 5)")
     p.add_argument("--no-optimum", action="store_true",
                    help="leave out the exhaustive optimum (the oracle row and "
                         "every ratio to it); T2 and T7 then do not pass")
