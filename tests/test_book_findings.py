@@ -63,6 +63,11 @@ SAMPLE = {
             {"machine": "held-out-b", "when": "zero-shot", "ratio_to_optimum": 1.024},
         ],
         "latency": {"p50_us": 73.4, "p99_us": 100.2, "decisions": 800},
+        "learned_vs_optimum": {"a": "rl-ppo", "b": "oracle", "states": ["busy"],
+                               "tasks": 20, "ratio": 0.98765,
+                               "ci95": [0.9712, 0.99871], "wins": 0,
+                               "losses": 7, "ties": 13,
+                               "label": "PREDICTED (model)"},
         "per_state": {"rl-ppo": {"idle": 2.134, "busy": 1.987},
                       "equal": {"idle": 1.0, "busy": 1.0},
                       "oracle": {"idle": 2.18, "busy": 2.04},
@@ -116,6 +121,10 @@ def test_substitutions_equal_the_recorded_values():
     rl = values["table4"]["rl-ppo"]
     assert subs["eval_machine"] == "hetero-4" and subs["eval_budget"] == "quick"
     assert subs["eval_label"] == "PREDICTED (model)"
+    assert (subs["h2h_ratio"], subs["h2h_ci_low"], subs["h2h_ci_high"]) == \
+        ("0.988", "0.971", "0.999")
+    assert (subs["h2h_tasks"], subs["h2h_wins"], subs["h2h_losses"],
+            subs["h2h_ties"], subs["h2h_states"]) == ("20", "0", "7", "13", "busy")
     assert subs["rl_speedup"] == f"{rl['speedup']:.2f}" == "2.06"
     assert subs["rl_ci_low"] == "1.87" and subs["rl_ci_high"] == "2.28"
     assert subs["rl_ratio"] == f"{rl['ratio_to_optimum']:.3f}" == "1.024"

@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from lib.contract import KINDS
+from lib.contract import KINDS, TaskSpec
 from lib.evaluation import evaluate, protocol
 from lib.evaluation.protocol import (
     MAX_ROUNDS,
@@ -19,6 +19,7 @@ from lib.evaluation.protocol import (
     figure_of,
     physical_limit,
 )
+from lib.evaluation.report import EvalReport, Row
 from lib.execution import get_backend
 from lib.execution.base import run_key
 from lib.platform.machines import load_machine
@@ -310,3 +311,49 @@ def test_no_optimum_leaves_out_the_oracle_and_says_t2_cannot_pass(monkeypatch):
     t2 = next(t for t in report.targets if t.id == "T2")
     assert not t2.passed and "no optimum" in t2.value
     assert any("--no-optimum" in n for n in report.notes)
+
+
+def _row(policy, n, state, seconds, equal=10.0, accepted=True):
+    return Row(policy=policy, task=TaskSpec("reduce", {"N": n}), state=state,
+               seconds=seconds, equal_seconds=equal, optimum_seconds=None,
+               limit_seconds=1.0, decide_us=1.0, accepted=accepted,
+               label="MEASURED (cpu)")
+
+
+def test_head_to_head_compares_two_policies_task_by_task_under_load():
+    rows = [_row("rl-ppo", 1000, "loaded-1", 4.0),
+            _row("oracle", 1000, "loaded-1", 5.0),
+            _row("rl-ppo", 2000, "loaded-1", 6.0),
+            _row("oracle", 2000, "loaded-1", 3.0),
+            _row("rl-ppo", 3000, "loaded-2", 2.0),
+            _row("oracle", 3000, "loaded-2", 2.0),
+            # idle is left out by default; a third policy never counts
+            _row("rl-ppo", 1000, "idle", 1.0), _row("oracle", 1000, "idle", 9.0),
+            _row("heft", 1000, "loaded-1", 0.1),
+            # a task only one of the two decided is no pair
+            _row("rl-ppo", 4000, "loaded-1", 1.0)]
+    report = EvalReport(machine="local-cpu", backend="cpu", budget="smoke", seed=0,
+                        measured=True, rows=rows, table4=[], ablations=[],
+                        transfer=[], targets=[], notes=[], seconds=0.0)
+    h = report.head_to_head("rl-ppo", "oracle")
+    assert h["states"] == ["loaded-1", "loaded-2"] and h["tasks"] == 3
+    assert (h["wins"], h["losses"], h["ties"]) == (1, 1, 1)
+    assert h["ratio"] == pytest.approx((5 / 4 * 3 / 6 * 1.0) ** (1 / 3))
+    low, high = h["ci95"]
+    assert low <= h["ratio"] <= high and low < 1.0 < high
+    assert report.head_to_head("rl-ppo", "oracle",
+                               states=["idle"])["ratio"] == pytest.approx(9.0)
+    assert report.head_to_head("rl-ppo", "random") is None
+    assert report.to_json()["learned_vs_optimum"]["ratio"] == pytest.approx(h["ratio"])
+    # a refused decision runs nothing: its row holds the equal split's time
+    refused = _row("oracle", 2000, "loaded-1", 10.0, accepted=False)
+    report.rows[3] = refused
+    assert report.head_to_head("rl-ppo", "oracle")["ratio"] == pytest.approx(
+        (5 / 4 * 10 / 6 * 1.0) ** (1 / 3))
+
+
+def test_head_to_head_of_a_run_is_in_its_json(smoke_report):
+    h = smoke_report.to_json()["learned_vs_optimum"]
+    assert h["states"] == ["busy"] and h["label"] == "PREDICTED (model)"
+    # on the model backend the optimum is the optimum: nothing beats it
+    assert h["ratio"] <= 1.0 + 1e-9 and h["wins"] == 0

@@ -210,6 +210,14 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
     subs["states_table"] = states_table(values.get("per_state") or {})
     gaps = [r["rl_over_opt"] for r in across if isinstance(r.get("rl_over_opt"), float)]
     subs["across_worst_gap_pct"] = _num(100 * (max(gaps) - 1) if gaps else None, ".1f")
+    h2h = values.get("learned_vs_optimum") or {}
+    ci = list(h2h.get("ci95") or [None, None])
+    subs["h2h_ratio"] = _num(h2h.get("ratio"), ".3f")
+    subs["h2h_ci_low"] = _num(ci[0], ".3f")
+    subs["h2h_ci_high"] = _num(ci[1], ".3f")
+    for key in ("tasks", "wins", "losses", "ties"):
+        subs[f"h2h_{key}"] = str(h2h[key]) if key in h2h else MISSING
+    subs["h2h_states"] = ", ".join(h2h["states"]) if h2h.get("states") else MISSING
     return subs
 
 

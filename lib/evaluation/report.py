@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from lib.contract import KINDS, TaskSpec
-from lib.scoring import geomean
+from lib.scoring import bootstrap_ci, geomean
 
 #: the learned policy's name in the tables
 LEARNED = "rl-ppo"
@@ -118,6 +119,35 @@ class EvalReport:
             tasks[key] = max(tasks.get(key, 0.0), r.speedup)
         return {s: geomean(list(v.values())) for s, v in best.items()}
 
+    def head_to_head(self, a: str, b: str, states: Sequence[str] | None = None,
+                     seed: int = 0) -> dict[str, Any] | None:
+        """Policy ``a`` against policy ``b``, task by task, on the tasks of
+        ``states`` (default: every state but ``idle``, the ones under load):
+        ``ratio``, the geometric mean of ``b``'s time over ``a``'s (above 1:
+        ``a`` is faster), its 95 % bootstrap interval ``ci95`` over the
+        tasks, and how many tasks ``a`` was faster on (``wins``), slower
+        (``losses``) and timed the same (``ties``: the two decided alike, so
+        they share one measurement). A refused decision counts at the equal
+        split's time, as everywhere in the tables. None where the two have no
+        task in common there."""
+        want = set(states) if states is not None else \
+            {r.state for r in self.rows} - {"idle"}
+        times: dict[tuple[str, str], dict[str, float]] = {}
+        for r in self.rows:
+            if r.state in want and r.policy in (a, b):
+                times.setdefault((r.state, r.task.describe()), {})[r.policy] = \
+                    r.seconds
+        pairs = [(t[b], t[a]) for t in times.values() if a in t and b in t]
+        if not pairs:
+            return None
+        ratios = [tb / ta for tb, ta in pairs]
+        low, high = bootstrap_ci(ratios, seed=seed)
+        return {"a": a, "b": b, "states": sorted(want), "tasks": len(ratios),
+                "ratio": geomean(ratios), "ci95": [low, high],
+                "wins": sum(x > 1.0 for x in ratios),
+                "losses": sum(x < 1.0 for x in ratios),
+                "ties": sum(x == 1.0 for x in ratios), "label": self.label}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "machine": self.machine, "backend": self.backend, "budget": self.budget,
@@ -126,6 +156,8 @@ class EvalReport:
             "per_state": self.per_state(),
             "per_state_by_median": self.per_state(by_median=True),
             "best_per_state": self.best_per_state(),
+            "learned_vs_optimum": self.head_to_head(LEARNED, "oracle",
+                                                    seed=self.seed),
             "ablations": self.ablations, "transfer": self.transfer,
             "targets": [t.__dict__ | {"line": t.line()} for t in self.targets],
             "latency": self.latency, "notes": self.notes,
