@@ -345,6 +345,9 @@ def test_head_to_head_compares_two_policies_task_by_task_under_load():
                                states=["idle"])["ratio"] == pytest.approx(9.0)
     assert report.head_to_head("rl-ppo", "random") is None
     assert report.to_json()["learned_vs_optimum"]["ratio"] == pytest.approx(h["ratio"])
+    assert (f"task by task in loaded-1, loaded-2 (MEASURED (cpu)): the optimum's "
+            f"time over the policy's {h['ratio']:.3f}") in report.to_text()
+    assert "faster on 1, slower on 1, decided alike on 1" in report.to_text()
     # a refused decision runs nothing: its row holds the equal split's time
     refused = _row("oracle", 2000, "loaded-1", 10.0, accepted=False)
     report.rows[3] = refused

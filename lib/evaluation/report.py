@@ -208,6 +208,14 @@ class EvalReport:
                 lines += [f"  {p:<18}" + "".join(f"{by.get(s, math.nan):>11.2f}"
                                                  for s in states)
                           for p, by in by_median.items()]
+        h2h = self.head_to_head(LEARNED, "oracle", seed=self.seed)
+        if h2h is not None:
+            lines += ["", f"The learned policy against the optimum, task by task in "
+                          f"{', '.join(h2h['states'])} ({self.label}): the "
+                          f"optimum's time over the policy's {h2h['ratio']:.3f} "
+                          f"[{h2h['ci95'][0]:.3f}, {h2h['ci95'][1]:.3f}] over "
+                          f"{h2h['tasks']} tasks; faster on {h2h['wins']}, slower "
+                          f"on {h2h['losses']}, decided alike on {h2h['ties']}"]
         if self.ablations:
             lines += ["", "Ablations of the learned policy"]
             lines += [f"  {a['variant']:<22} speedup {a['speedup']:.2f}x  vs opt "
