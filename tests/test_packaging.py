@@ -45,6 +45,11 @@ def test_notebooks_are_committed_clean():
         for cell in nb["cells"]:
             assert not cell.get("outputs"), f"{nb_path.name} has outputs"
             assert not cell.get("execution_count"), f"{nb_path.name} has counts"
+        # nbformat 4.5 gives every cell an id (one without warns at every run)
+        ids = [cell.get("id") for cell in nb["cells"]]
+        if (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5):
+            assert all(ids) and len(set(ids)) == len(ids), \
+                f"{nb_path.name}: a cell without an id, or two with one"
 
 
 def test_every_notebook_has_one_parameters_cell_with_the_four_names():
