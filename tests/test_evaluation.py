@@ -344,6 +344,9 @@ def test_head_to_head_compares_two_policies_task_by_task_under_load():
     assert report.head_to_head("rl-ppo", "oracle",
                                states=["idle"])["ratio"] == pytest.approx(9.0)
     assert report.head_to_head("rl-ppo", "random") is None
+    # a state asked for without a task both decided is not named as compared
+    assert report.head_to_head("rl-ppo", "oracle",
+                               states=["loaded-2", "busy"])["states"] == ["loaded-2"]
     assert report.to_json()["learned_vs_optimum"]["ratio"] == pytest.approx(h["ratio"])
     assert (f"task by task in loaded-1, loaded-2 (MEASURED (cpu)): the optimum's "
             f"time over the policy's {h['ratio']:.3f}") in report.to_text()

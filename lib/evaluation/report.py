@@ -122,7 +122,8 @@ class EvalReport:
     def head_to_head(self, a: str, b: str, states: Sequence[str] | None = None,
                      seed: int = 0) -> dict[str, Any] | None:
         """Policy ``a`` against policy ``b``, task by task, on the tasks of
-        ``states`` (default: every state but ``idle``, the ones under load):
+        ``states`` (default: every state but ``idle``, the ones under load;
+        ``states`` in the result names those with a task compared):
         ``ratio``, the geometric mean of ``b``'s time over ``a``'s (above 1:
         ``a`` is faster), its 95 % bootstrap interval ``ci95`` over the
         tasks, and how many tasks ``a`` was faster on (``wins``), slower
@@ -137,12 +138,13 @@ class EvalReport:
             if r.state in want and r.policy in (a, b):
                 times.setdefault((r.state, r.task.describe()), {})[r.policy] = \
                     r.seconds
-        pairs = [(t[b], t[a]) for t in times.values() if a in t and b in t]
-        if not pairs:
+        paired = {key: t[b] / t[a] for key, t in times.items() if a in t and b in t}
+        if not paired:
             return None
-        ratios = [tb / ta for tb, ta in pairs]
+        ratios = list(paired.values())
         low, high = bootstrap_ci(ratios, seed=seed)
-        return {"a": a, "b": b, "states": sorted(want), "tasks": len(ratios),
+        return {"a": a, "b": b, "states": sorted({state for state, _ in paired}),
+                "tasks": len(ratios),
                 "ratio": geomean(ratios), "ci95": [low, high],
                 "wins": sum(x > 1.0 for x in ratios),
                 "losses": sum(x < 1.0 for x in ratios),
