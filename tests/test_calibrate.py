@@ -894,3 +894,31 @@ def test_a_later_characterisations_pace_is_fitted_and_the_parameters_are_the_fir
     assert blind.paces == {}
     assert blind.cross_validation["median_ape_pct"] > \
         3 * report.cross_validation["median_ape_pct"]
+
+
+def test_alone_on_each_pairs_a_task_alone_on_a_busy_and_a_free_device():
+    from lib.costmodel.runs import MeasuredRun, alone_on_each
+
+    cpu = local_cpu_machine(2)
+    a = TaskSpec("reduce", {"N": 1000}, "fp32")
+    b = TaskSpec("reduce", {"N": 2000}, "fp32")
+    c = TaskSpec("reduce", {"N": 4000}, "fp32")
+
+    def on(task, gpus, seconds, capacity=None, weights=None):
+        dec = decision_from_weights(task, gpus, weights or [1.0] * len(gpus))
+        return MeasuredRun(task, dec, seconds, "cpu", capacity)
+
+    runs = [on(a, [0], 3e-3, {0: 0.5}), on(a, [1], 1e-3, {1: 1.0}),
+            on(a, [0], 9e-3, {0: 0.5}),                    # a second busy run
+            on(b, [0], 4e-3, {0: 0.25}),                   # never alone on a free one
+            on(b, [0, 1], 1e-3, {0: 0.25, 1: 1.0}),        # two devices: not alone
+            on(c, [1], 2e-3), on(c, [0], 5e-3, {0: 1 / 3})]  # no capacity: free
+    rows = alone_on_each(runs, cpu)
+    assert [r["task"] for r in rows] == [a.describe(), c.describe()]
+    first, second = rows
+    assert first["slowdown"] == pytest.approx(3.0) and first["capacity_says"] == 2.0
+    assert first["free_seconds"] == 1e-3 and first["busy_seconds"] == 3e-3
+    assert second["slowdown"] == pytest.approx(2.5)
+    assert second["capacity_says"] == pytest.approx(3.0)
+    # a device counts as busy below the threshold only
+    assert alone_on_each(runs, cpu, busy_below=0.3) == []

@@ -85,5 +85,10 @@ def test_execution_notebook_on_local_cpu_measures(book_env):
     assert record["values"]["under_load_runs"] > 0
     assert record["values"]["under_load_median_ape_pct"] >= 0
     assert any(f.name == "m08-under-load.png" for f in figures)
+    # the same task alone on each core: the characterisation's plan runs every
+    # single-device task on both, so there are pairs, each a measured ratio
+    assert record["values"]["alone_tasks"] > 0
+    assert all(r > 0 for r in record["values"]["alone_slowdowns"])
+    assert any(f.name == "m08-alone.png" for f in figures)
     executed = (book_env / "out" / nb.name).read_text()
     assert "runs that used the loaded core the median APE is" in executed

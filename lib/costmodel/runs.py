@@ -213,3 +213,47 @@ def cv_folds(runs: Sequence[MeasuredRun], folds: int, seed: int) -> list[int]:
         for j, i in enumerate(idx[k] for k in rng.permutation(len(idx))):
             fold[i] = j % folds
     return fold
+
+
+def alone_on_each(runs: Sequence[MeasuredRun], machine: Machine,
+                  busy_below: float = 0.9) -> list[dict[str, Any]]:
+    """The same task run alone on a busy device and alone on a free one of the
+    same kind, taken from ``runs`` (one characterisation under induced load
+    holds both): what load did to it, with no model in between (MEASURED).
+
+    A device is busy in a run whose recorded capacity there is below
+    ``busy_below``, free where it is at least that (or not recorded). Where a
+    task has several runs of one sort, the first is taken.
+
+    Returns:
+        One row per task that has both, in the order the busy runs come:
+        ``task`` (its short form), ``kind``, ``device_kind``, ``free_seconds``,
+        ``busy_seconds``, ``capacity`` (the busy device's), ``slowdown``
+        (busy over free) and ``capacity_says`` (``1 / capacity``, the slowdown
+        Eq. (1) divides by).
+    """
+    free: dict[tuple[str, str], MeasuredRun] = {}
+    busy: list[tuple[tuple[str, str], MeasuredRun, float]] = []
+    for run in runs:
+        active = [g for g, s in zip(run.decision.gpus, run.decision.shares,
+                                    strict=True) if s > 0]
+        if len(active) != 1:
+            continue
+        device = active[0]
+        key = (run.task.describe(), machine.devices[device].kind)
+        capacity = (run.capacity or {}).get(device, 1.0)
+        if capacity < busy_below:
+            busy.append((key, run, capacity))
+        else:
+            free.setdefault(key, run)
+    out, seen = [], set()
+    for key, run, capacity in busy:
+        if key in seen or key not in free:
+            continue
+        seen.add(key)
+        alone = free[key].seconds
+        out.append({"task": key[0], "kind": run.task.kind, "device_kind": key[1],
+                    "free_seconds": alone, "busy_seconds": run.seconds,
+                    "capacity": capacity, "slowdown": run.seconds / alone,
+                    "capacity_says": 1.0 / capacity})
+    return out
