@@ -4,7 +4,11 @@
 
 - ``characterisation/<machine>.json`` -- what ``gpuhive characterise`` measured;
 - ``calibration/<machine>.json`` -- the cost model's fitted parameters;
+- ``history/<machine>.json`` -- what the runtime learned from its runs;
 - ``kernels/`` -- the sealed kernel cache (Gate 2b), ``keys/`` its key (0600).
+
+A machine's files are named after it, or where its name cannot name a file (a
+Dask cluster's ``dask://host:8786``), after a stem of it (:func:`machine_file`).
 
 Every file is written by :func:`write_atomic`: a temporary file in the same
 folder, fsync, ``os.replace``, fsync of the folder. A reader (or a crash) sees
@@ -46,14 +50,32 @@ def file_stem(machine_name: str) -> str:
     return safe_name(stem.replace("___", "_").strip("_") or "_")
 
 
+def machine_file(machine_name: str) -> str:
+    """The file name (without ``.json``) a machine's characterisation and
+    calibration are kept under: the name itself where it can name a file
+    (:func:`safe_name`), else its :func:`file_stem` (a Dask cluster's
+    ``dask://host:8786`` is ``dask_host_8786``). A name no file can be made
+    of, even so (``../x``), is a :class:`StorageError` naming it."""
+    try:
+        return safe_name(machine_name)
+    except StorageError:
+        pass
+    try:
+        return file_stem(machine_name)
+    except StorageError:
+        raise StorageError(f"machine name {machine_name!r} cannot name a file") \
+            from None
+
+
 def calibration_path(machine_name: str) -> Path:
-    """``<home>/calibration/<machine>.json``."""
-    return gpuhive_home() / "calibration" / f"{safe_name(machine_name)}.json"
+    """``<home>/calibration/<machine>.json`` (:func:`machine_file`)."""
+    return gpuhive_home() / "calibration" / f"{machine_file(machine_name)}.json"
 
 
 def characterisation_path(machine_name: str) -> Path:
-    """``<home>/characterisation/<machine>.json`` (where characterise writes)."""
-    return gpuhive_home() / "characterisation" / f"{safe_name(machine_name)}.json"
+    """``<home>/characterisation/<machine>.json`` (where characterise writes;
+    :func:`machine_file`)."""
+    return gpuhive_home() / "characterisation" / f"{machine_file(machine_name)}.json"
 
 
 def fsync_dir(folder: Path) -> None:

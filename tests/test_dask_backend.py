@@ -453,6 +453,36 @@ def test_a_policy_decides_over_the_workers_through_the_agent(fresh):
     assert load_machine(fresh.machine) is fresh.machine
 
 
+def test_a_cluster_named_by_its_address_is_characterised_calibrated_and_run(
+        fresh, tmp_path, monkeypatch):
+    # a scheduler's address holds "/" and ":": its files take a stem of it, and
+    # every step that reads or writes them works, the default policy included
+    from lib.costmodel.calibrate import calibrate_machine
+    from lib.costmodel.parameters import load_params
+    from lib.storage import StorageError, calibration_path, characterisation_path
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    spec = f"dask://127.0.0.1:{fresh.client.scheduler.address.rsplit(':', 1)[1]}"
+    try:
+        machine = load_machine(spec)
+        assert machine.name == spec
+        obj = characterise(spec, "dask", budget="smoke", progress=False)
+        assert obj["machine"] == spec
+        stored = characterisation_path(spec)
+        assert stored.parent == tmp_path / "characterisation" and stored.is_file()
+        assert "/" not in stored.name and ":" not in stored.name
+        calibrate_machine(spec, folds=0)
+        assert calibration_path(spec).is_file() and load_params(spec) is not None
+        task = TaskSpec("reduce", SMALL["reduce"])
+        with Agent(machine=spec, backend="dask", seed=1, timeout=WAIT) as agent:
+            r = agent.execute(task, agent.optimize(task), verify=True)
+        assert r.metrics.label == "MEASURED (dask)" and r.metrics.verified
+    finally:
+        dc.close(spec)
+    with pytest.raises(StorageError, match=r"'\.\./x' cannot name a file"):
+        calibration_path("../x")
+
+
 def test_benchmark_runs_both_backends(fresh):
     out = benchmark(size=96, tiny=64, repeats=1, tiny_repeats=2, cluster=fresh)
     for name in ("matmul", "tiny"):
