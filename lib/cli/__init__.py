@@ -1,5 +1,8 @@
-r"""``gpuhive``: the command line.
+r"""gpuhive decides how to spread one divisible task over several devices
+(GPUs, CPU cores, the workers of a Dask cluster), and measures, calibrates,
+trains and evaluates the policy that decides.
 
+examples:
     gpuhive doctor                     what this machine can do
     gpuhive explain --kind matmul --dim M=8192 --dim N=8192 --dim K=8192
     gpuhive run --kind reduce --dim N=67108864 --machine local-cpu --verify \
@@ -11,6 +14,8 @@ r"""``gpuhive``: the command line.
     gpuhive scan kernel.cu --kernel my_kernel
     gpuhive security-audit
     gpuhive sweep --machine local-cpu --backend cpu
+    gpuhive run --kind matmul --dim M=2048 --dim N=2048 --dim K=2048 \
+        --machine dask://scheduler-host:8786 --backend dask --verify
     gpuhive train --machine hetero-4 --budget quick
     gpuhive evaluate --machine hetero-4 --backend model --budget quick
     gpuhive bench --what optimum latency
