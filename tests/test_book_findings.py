@@ -184,3 +184,30 @@ def test_the_book_enables_substitutions():
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     assert "substitution" in config["parse"]["myst_enable_extensions"]
     assert "lib.book" in config["sphinx"]["extra_extensions"]
+
+
+def test_a_machine_given_by_path_or_address_writes_inside_the_book(tmp_path,
+                                                                   monkeypatch):
+    # a profile given by its absolute path once made the figures' folder the
+    # profile file itself; an address's "//" made folders of its parts
+    from lib.book.pages import figures_dir, machine_folder, records_dir
+
+    profile = tmp_path / "profiles" / "box.json"
+    profile.parent.mkdir()
+    profile.write_text("{}")
+    monkeypatch.setenv("GPUHIVE_FIGURES_DIR", str(tmp_path / "figures"))
+    monkeypatch.delenv("GPUHIVE_RECORD_DIR", raising=False)
+    monkeypatch.setattr("lib.book.pages.book_root", lambda: tmp_path / "book")
+    for spec in (str(profile), "dask://10.0.0.5:8786", "hetero-4"):
+        folder = machine_folder(spec)
+        assert "/" not in folder and folder
+        fig, rec = figures_dir(spec), records_dir(spec)
+        assert fig == tmp_path / "figures" / folder and fig.is_dir()
+        assert rec == tmp_path / "book" / "_build" / "records" / folder
+    assert machine_folder("hetero-4") == "hetero-4"
+    assert profile.is_file()  # untouched
+    folder = tmp_path / "_build" / "records" / machine_folder("dask://10.0.0.5:8786")
+    folder.mkdir(parents=True)
+    (folder / "m09-evaluation.json").write_text(json.dumps(SAMPLE))
+    assert book.findings_record_path(tmp_path, "dask://10.0.0.5:8786") == \
+        folder / "m09-evaluation.json"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lib.storage import write_json_atomic
+from lib.storage import machine_file, write_json_atomic
 
 #: The Jupyter kernel the notebooks ask for: the project's environment,
 #: registered by ``make install`` (``python -m ipykernel install --sys-prefix
@@ -27,11 +27,20 @@ def book_root(start: Path | None = None) -> Path:
     return here
 
 
+def machine_folder(machine: str) -> str:
+    """The folder a machine's figures and records go in: the machine as given
+    where it can name a folder, else a stem of it (a profile given by its
+    path, ``/home/me/box.json``, or a Dask cluster's ``dask://host:8786``):
+    never a folder outside the book's, nor a file's path."""
+    return machine_file(machine)
+
+
 def figures_dir(machine: str) -> Path:
-    """``figures/<machine>/`` of the book (or ``$GPUHIVE_FIGURES_DIR/<machine>``)."""
+    """``figures/<machine>/`` of the book (or ``$GPUHIVE_FIGURES_DIR/<machine>``;
+    :func:`machine_folder`)."""
     base = os.environ.get("GPUHIVE_FIGURES_DIR")
     root = Path(base) if base else book_root() / "figures"
-    path = root / machine
+    path = root / machine_folder(machine)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -70,7 +79,8 @@ def save_headline(fig: Any, machine: str, backend: str) -> Path | None:
 def records_dir(machine: str) -> Path:
     """Where :func:`record` writes (``$GPUHIVE_RECORD_DIR`` or the build folder)."""
     base = os.environ.get("GPUHIVE_RECORD_DIR")
-    path = Path(base) if base else book_root() / "_build" / "records" / machine
+    path = Path(base) if base else book_root() / "_build" / "records" \
+        / machine_folder(machine)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lib.book.pages import machine_folder
+
 # --------------------------------------------------------------------------
 # The Sphinx extension: MathJax served from the build, not from a CDN
 #
@@ -233,7 +235,7 @@ def findings_record_path(srcdir: Path, machine: str | None = None) -> Path | Non
     machine = machine or os.environ.get("GPUHIVE_BOOK_MACHINE", "hetero-4")
     srcdir = Path(srcdir).resolve()
     for folder in (srcdir, *srcdir.parents):
-        path = folder / "_build" / "records" / machine / name
+        path = folder / "_build" / "records" / machine_folder(machine) / name
         if path.is_file():
             return path
     return None
