@@ -218,3 +218,28 @@ def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
     assert last_level_cache(str(tmp_path / "absent"))[0] == 0.0
     (tmp_path / "index3" / "size").write_text("lots\n")
     assert last_level_cache(str(tmp_path))[0] == 2**20   # the L2 is left
+
+
+def test_a_profile_of_ones_own_is_found_by_its_name_through_the_environment(
+        tmp_path, monkeypatch):
+    from lib.platform.machines import PROFILES_ENV
+
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"name": "my-box",
+                                "devices": [{"catalog": "T4"}, {"catalog": "A10"}]}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"name": "their-box", "devices": [{"catalog": "T4"}]}))
+    with pytest.raises(MachineError, match="unknown machine 'my-box'"):
+        load_machine("my-box")
+    monkeypatch.setenv(PROFILES_ENV, os.pathsep.join([str(other), str(mine)]))
+    m = load_machine("my-box")
+    assert m.name == "my-box" and m.n == 2
+    assert load_machine("their-box").n == 1
+    assert load_machine("hetero-4").name == "hetero-4"  # shipped names first
+    with pytest.raises(MachineError, match="unknown machine 'nope'"):
+        load_machine("nope")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{ not json")
+    monkeypatch.setenv(PROFILES_ENV, str(broken))
+    with pytest.raises(MachineError, match="broken.json"):
+        load_machine("my-box")

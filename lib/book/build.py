@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lib.book.pages import KERNEL_NAME, book_root, machine_folder
 from lib.budgets import check_budget
-from lib.platform.machines import load_machine
+from lib.platform.machines import PROFILES_ENV, load_machine
 
 
 class BookError(RuntimeError):
@@ -69,7 +69,14 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
                root: Path | None = None) -> Path:
     """Execute every notebook and build the HTML; return ``_build/html``."""
     check_budget(budget)
-    load_machine(machine)  # an unknown machine fails here, in one line
+    found = load_machine(machine)  # an unknown machine fails here, in one line
+    if found.name != machine and Path(machine).expanduser().is_file():
+        # a profile given by its path: the notebooks find it by its name, so
+        # the pages name the machine rather than a file on this computer
+        own = os.environ.get(PROFILES_ENV)
+        os.environ[PROFILES_ENV] = os.pathsep.join(
+            [str(Path(machine).expanduser().resolve()), *([own] if own else [])])
+        machine = found.name
     root = root or book_root()
     if not (root / "_config.yml").is_file() or not (root / "notebooks").is_dir():
         raise BookError(f"no book here: {root} has no _config.yml and notebooks/; "

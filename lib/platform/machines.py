@@ -572,6 +572,26 @@ def _read_profile(path: Path) -> dict:
     return obj
 
 
+#: Profile JSON files of one's own that :func:`load_machine` finds by the name
+#: inside them (paths separated by ``os.pathsep``). ``gpuhive book`` sets it
+#: for a profile given by its path, so that its notebooks, and the pages
+#: they print, name the machine and not a file.
+PROFILES_ENV = "GPUHIVE_PROFILES"
+
+
+def own_profile(name: str) -> Machine | None:
+    """The machine named ``name`` among the profiles of :data:`PROFILES_ENV`
+    (the first that has it), or None; a listed file that is not a profile is
+    a MachineError naming it."""
+    for entry in os.environ.get(PROFILES_ENV, "").split(os.pathsep):
+        if entry:
+            path = Path(entry).expanduser()
+            machine = machine_from_json(_read_profile(path), default_name=path.stem)
+            if machine.name == name:
+                return machine
+    return None
+
+
 def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
     """A machine: a shipped profile's name, the path of a profile JSON of one's
     own (the format of the reference chapter; any name containing a ``/`` or
@@ -610,6 +630,9 @@ def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
     if name in _BUILT:
         return _BUILT[name]()
     path = resources.files("lib.platform").joinpath("profiles", f"{name}.json")
+    own = None if path.is_file() else own_profile(name)
+    if own is not None:
+        return own
     if not isinstance(name, str) or not path.is_file():
         raise MachineError(f"unknown machine {name!r}; known: "
                            f"{', '.join(list_machines())}, or the path of a "
