@@ -190,7 +190,8 @@ def test_a_machine_given_by_path_or_address_writes_inside_the_book(tmp_path,
                                                                    monkeypatch):
     # a profile given by its absolute path once made the figures' folder the
     # profile file itself; an address's "//" made folders of its parts
-    from lib.book.pages import figures_dir, machine_folder, records_dir
+    from lib.book.pages import figures_dir, records_dir
+    from lib.storage import machine_file
 
     profile = tmp_path / "profiles" / "box.json"
     profile.parent.mkdir()
@@ -199,14 +200,14 @@ def test_a_machine_given_by_path_or_address_writes_inside_the_book(tmp_path,
     monkeypatch.delenv("GPUHIVE_RECORD_DIR", raising=False)
     monkeypatch.setattr("lib.book.pages.book_root", lambda: tmp_path / "book")
     for spec in (str(profile), "dask://10.0.0.5:8786", "hetero-4"):
-        folder = machine_folder(spec)
+        folder = machine_file(spec)
         assert "/" not in folder and folder
         fig, rec = figures_dir(spec), records_dir(spec)
         assert fig == tmp_path / "figures" / folder and fig.is_dir()
         assert rec == tmp_path / "book" / "_build" / "records" / folder
-    assert machine_folder("hetero-4") == "hetero-4"
+    assert machine_file("hetero-4") == "hetero-4"
     assert profile.is_file()  # untouched
-    folder = tmp_path / "_build" / "records" / machine_folder("dask://10.0.0.5:8786")
+    folder = tmp_path / "_build" / "records" / machine_file("dask://10.0.0.5:8786")
     folder.mkdir(parents=True)
     (folder / "m09-evaluation.json").write_text(json.dumps(SAMPLE))
     assert book.findings_record_path(tmp_path, "dask://10.0.0.5:8786") == \

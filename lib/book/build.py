@@ -13,9 +13,10 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
-from lib.book.pages import KERNEL_NAME, book_root, machine_folder
+from lib.book.pages import KERNEL_NAME, book_root
 from lib.budgets import check_budget
 from lib.platform.machines import PROFILES_ENV, load_machine
+from lib.storage import machine_file
 
 
 class BookError(RuntimeError):
@@ -92,7 +93,7 @@ def build_book(machine: str = "hetero-4", backend: str = "model",
     shutil.copytree(root / "lib", stage / "lib",
                     ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
     os.environ.setdefault("GPUHIVE_RECORD_DIR",
-                          str(root / "_build" / "records" / machine_folder(machine)))
+                          str(root / "_build" / "records" / machine_file(machine)))
     # the build keeps what it measures and seals in a home of its own, so it
     # never touches the user's ~/.gpuhive (set GPUHIVE_HOME to share one)
     os.environ.setdefault("GPUHIVE_HOME", str(root / "_build" / "home"))

@@ -27,20 +27,14 @@ def book_root(start: Path | None = None) -> Path:
     return here
 
 
-def machine_folder(machine: str) -> str:
-    """The folder a machine's figures and records go in: the machine as given
-    where it can name a folder, else a stem of it (a profile given by its
-    path, ``/home/me/box.json``, or a Dask cluster's ``dask://host:8786``):
-    never a folder outside the book's, nor a file's path."""
-    return machine_file(machine)
-
-
 def figures_dir(machine: str) -> Path:
-    """``figures/<machine>/`` of the book (or ``$GPUHIVE_FIGURES_DIR/<machine>``;
-    :func:`machine_folder`)."""
+    """``figures/<machine>/`` of the book (or ``$GPUHIVE_FIGURES_DIR/<machine>``),
+    the folder named as the machine's files are
+    (:func:`lib.storage.machine_file`: a profile given by its path or a Dask
+    cluster's address gets a stem of it, never a folder outside the book's)."""
     base = os.environ.get("GPUHIVE_FIGURES_DIR")
     root = Path(base) if base else book_root() / "figures"
-    path = root / machine_folder(machine)
+    path = root / machine_file(machine)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -80,7 +74,7 @@ def records_dir(machine: str) -> Path:
     """Where :func:`record` writes (``$GPUHIVE_RECORD_DIR`` or the build folder)."""
     base = os.environ.get("GPUHIVE_RECORD_DIR")
     path = Path(base) if base else book_root() / "_build" / "records" \
-        / machine_folder(machine)
+        / machine_file(machine)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lib.book.pages import machine_folder
+from lib.storage import machine_file
 
 # --------------------------------------------------------------------------
 # The Sphinx extension: MathJax served from the build, not from a CDN
@@ -235,7 +235,7 @@ def findings_record_path(srcdir: Path, machine: str | None = None) -> Path | Non
     machine = machine or os.environ.get("GPUHIVE_BOOK_MACHINE", "hetero-4")
     srcdir = Path(srcdir).resolve()
     for folder in (srcdir, *srcdir.parents):
-        path = folder / "_build" / "records" / machine_folder(machine) / name
+        path = folder / "_build" / "records" / machine_file(machine) / name
         if path.is_file():
             return path
     return None

@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from lib.contract import KINDS, MEASURING_BACKENDS, ContractError, Decision, TaskSpec
-from lib.costmodel.contention import calibrated_bursts, effective_snapshot
+from lib.costmodel.contention import (
+    CONTENDED_CAPACITY,
+    calibrated_bursts,
+    effective_snapshot,
+)
 from lib.costmodel.model import CostParams
 from lib.costmodel.parameters import CalibrationError
 from lib.platform.machines import Machine
@@ -216,13 +220,14 @@ def cv_folds(runs: Sequence[MeasuredRun], folds: int, seed: int) -> list[int]:
 
 
 def alone_on_each(runs: Sequence[MeasuredRun], machine: Machine,
-                  busy_below: float = 0.9) -> list[dict[str, Any]]:
+                  busy_below: float = CONTENDED_CAPACITY) -> list[dict[str, Any]]:
     """The same task run alone on a busy device and alone on a free one of the
     same kind, taken from ``runs`` (one characterisation under induced load
     holds both): what load did to it, with no model in between (MEASURED).
 
     A device is busy in a run whose recorded capacity there is below
-    ``busy_below``, free where it is at least that (or not recorded). Where a
+    ``busy_below`` (the threshold the history's contention samples use),
+    free where it is at least that (or not recorded). Where a
     task has several runs of one sort, the first is taken.
 
     Returns:

@@ -630,10 +630,10 @@ def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
     if name in _BUILT:
         return _BUILT[name]()
     path = resources.files("lib.platform").joinpath("profiles", f"{name}.json")
-    own = None if path.is_file() else own_profile(name)
-    if own is not None:
-        return own
-    if not isinstance(name, str) or not path.is_file():
+    if not path.is_file():
+        own = own_profile(name)
+        if own is not None:
+            return own
         raise MachineError(f"unknown machine {name!r}; known: "
                            f"{', '.join(list_machines())}, or the path of a "
                            "profile JSON")
