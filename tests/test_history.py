@@ -159,7 +159,19 @@ def test_cli_shows_rates_and_runs(capsys):
 
 def test_cli_with_no_history(capsys):
     assert history_cli.run(_cli(["--machine", "empty"])) == 0
-    assert "no MEASURED runs" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "no MEASURED runs" in text and "recorded for" not in text
+
+
+def test_cli_with_no_history_names_the_machines_that_have_some(capsys):
+    """A mistyped name finds no runs: the answer says whose runs there are."""
+    h = History("box")
+    h.update(*_run({0: 0.5}))
+    h.save()
+    assert history_cli.run(_cli(["--machine", "bxo"])) == 0
+    assert "runs are recorded for: box" in capsys.readouterr().out
+    assert history_cli.run(_cli(["--machine", "bxo", "--json"])) == 0
+    assert json.loads(capsys.readouterr().out)["histories_kept"] == ["box"]
 
 
 # --------------------------------------------------------------------------

@@ -73,8 +73,14 @@ def run(args: argparse.Namespace) -> int:
     obj["bursts"] = [{**dataclasses.asdict(b), "level": level}
                      for level, b in bursts]
     if not len(history):
+        # A mistyped name finds no runs either: say which machines have some.
+        kept = sorted(p.stem for p in history.path.parent.glob("*.json")
+                      if p != history.path)
+        obj["histories_kept"] = kept
         text = (f"history of {args.machine}: no MEASURED runs recorded yet "
                 f"({history.path})")
+        if kept:
+            text += f"; runs are recorded for: {', '.join(kept)}"
     else:
         lines = [f"history of {args.machine}: MEASURED rates ({history.path})",
                  f"  {'kind':<12} {'dtype':<6} {'device':>6} {'rate':>14} "
