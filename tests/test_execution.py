@@ -20,6 +20,7 @@ from lib.execution import (
     get_backend,
 )
 from lib.execution.cpu import HEAP_KEEP_MAX, heap_keep, reserve
+from lib.platform.spawn import bare_main
 from lib.policies.baselines import EqualSplit
 
 #: the cpu backend's tests measure this computer
@@ -258,3 +259,62 @@ def test_a_worker_keeps_its_heap_and_the_output_pages_are_allocated_first(tmp_pa
     assert os.stat(path).st_blocks * 512 < (1 << 22)
     reserve(str(path))
     assert os.stat(path).st_blocks * 512 >= (1 << 22)
+
+
+#: A user's script with no ``if __name__ == "__main__":`` guard: it prints a
+#: line at its top level, registers a kind of its own (its functions live in
+#: the script) and runs that kind and a built-in one on the cpu workers.
+UNGUARDED_SCRIPT = '''
+import numpy as np
+from lib.contract import TaskSpec
+from lib.codegen.kinds import register_kind
+from lib.runtime import Agent
+
+print("top level ran", flush=True)
+register_kind(
+    "triple", dims=("N",), divisible="N", merge="concat",
+    inputs=lambda t, rng: {"x": rng.standard_normal(t.dims["N"]).astype(np.float32)},
+    reference=lambda t, x: 3 * x,
+    work=lambda t, rows: {"flops": 1.0 * rows, "bytes_in": 4.0 * rows,
+                          "bytes_out": 4.0 * rows})
+with Agent(machine=MACHINE, backend=BACKEND) as agent:
+    for task in (TaskSpec("reduce", {"N": 100_000}), TaskSpec("triple", {"N": 10_001})):
+        r = agent.execute(task, agent.optimize(task), verify=True)
+        print(task.kind, r.metrics.label, r.metrics.verified, flush=True)
+'''
+
+
+@pytest.mark.parametrize("machine,backend,how", [("local-cpu", "cpu", "file"),
+                                                ("local-cpu", "cpu", "stdin"),
+                                                ("dask-local:2", "dask", "file")])
+def test_a_script_without_a_main_guard_runs_on_workers_once(tmp_path, machine,
+                                                            backend, how):
+    """A spawned worker (of the cpu backend, or of a ``dask-local`` cluster)
+    does not import the caller's script: the script's top level runs once
+    (before, every worker ran it again and died starting workers of its own),
+    and a script on standard input runs at all."""
+    source = (f"MACHINE, BACKEND = {machine!r}, {backend!r}\n"
+              + UNGUARDED_SCRIPT)
+    script = tmp_path / "mine.py"
+    script.write_text(source)
+    argv, stdin = ([sys.executable, str(script)], None) if how == "file" \
+        else ([sys.executable, "-"], source)
+    run = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                         cwd=tmp_path, timeout=180,
+                         env={**os.environ, "GPUHIVE_HOME": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("top level ran") == 1, run.stdout
+    assert f"reduce MEASURED ({backend}) True" in run.stdout
+    assert f"triple MEASURED ({backend}) True" in run.stdout
+
+
+def test_bare_main_puts_the_callers_main_module_back():
+    main = sys.modules["__main__"]
+    with pytest.raises(KeyError), bare_main():
+        assert sys.modules["__main__"] is not main
+        assert not hasattr(sys.modules["__main__"], "__file__")
+        with bare_main():
+            pass
+        assert sys.modules["__main__"] is not main   # the outer one is open
+        raise KeyError("inside")
+    assert sys.modules["__main__"] is main

@@ -79,6 +79,7 @@ from lib.execution.base import (
 )
 from lib.execution.shm import reclaim_orphans, shm_root
 from lib.platform.machines import Machine
+from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
 from lib.platform.workloads import split_rows, workload
 from lib.platform.workloads import verify as verify_output
@@ -293,7 +294,7 @@ class CpuBackend:
         self.close()
         reclaim_orphans()
         ctx = get_context("spawn")
-        with _ENV_LOCK:
+        with _ENV_LOCK, bare_main():
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
             os.environ.update(WORKER_ENV)
             try:

@@ -76,6 +76,7 @@ from lib.platform.machines import (
     catalog_name,
     local_cpu_machine,
 )
+from lib.platform.spawn import bare_main
 from lib.platform.telemetry import Snapshot
 from lib.storage import characterisation_path, gpuhive_home
 
@@ -466,8 +467,10 @@ def connect(spec: str, timeout: float = 30.0, gpu_workers: bool | None = None,
         try:
             if parsed.kind == "local":
                 scratch = local_scratch()
-                # the scheduler's scratch space follows the configuration
-                with dask.config.set({"temporary-directory": scratch}):
+                # the scheduler's scratch space follows the configuration;
+                # the workers do not run the caller's script (bare_main)
+                with dask.config.set({"temporary-directory": scratch}), \
+                        bare_main():
                     local = distributed.LocalCluster(
                         n_workers=parsed.workers, threads_per_worker=1,
                         processes=True, host="127.0.0.1", dashboard_address=None,
