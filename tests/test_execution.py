@@ -318,3 +318,34 @@ def test_bare_main_puts_the_callers_main_module_back():
         assert sys.modules["__main__"] is not main   # the outer one is open
         raise KeyError("inside")
     assert sys.modules["__main__"] is main
+
+
+def test_a_run_cut_short_leaves_the_workers_right_for_the_next(local_cpu, monkeypatch):
+    """Ctrl-C reaches the parent, not its workers (they ignore SIGINT, so a
+    terminal shows one line, not a traceback per worker); the replies to the
+    interrupted run's jobs, still in the pipes, are not taken as the next
+    run's."""
+    import lib.execution.cpu as cpu_module
+
+    big = TaskSpec("matmul", {"M": 1200, "N": 600, "K": 600})
+    small = TaskSpec("reduce", {"N": 2_000_003})
+    with CpuBackend(local_cpu, seed=1, warmup=0, repeats=1) as backend:
+        backend.start()
+        pids = backend.worker_pids()
+        for pid in pids:   # what a terminal's Ctrl-C sends the whole group
+            os.kill(pid, signal.SIGINT)
+        real_wait = cpu_module.connection.wait
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(cpu_module.connection, "wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            backend.run(big, EqualSplit().decide(big, local_cpu).with_hash(big))
+        monkeypatch.setattr(cpu_module.connection, "wait", real_wait)
+        time.sleep(1.0)   # the cut-short jobs finish; their replies wait
+        assert backend.worker_pids() == pids   # nobody died of either
+        d = EqualSplit().decide(small, local_cpu).with_hash(small)
+        for _ in range(3):
+            r = backend.run(small, d, verify=True)
+            assert r.metrics.verified, r.metrics.max_abs_error

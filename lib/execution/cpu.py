@@ -56,6 +56,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -160,7 +161,14 @@ def _watch_parent(parent: int) -> None:
 def _worker_main(conn: connection.Connection, core: int | None,
                  parent: int | None = None, keep: int = 0) -> None:
     """Worker loop: receive a job, compute the shard, write it, report times
-    (the allocator keeps ``keep`` freed bytes: :func:`keep_heap`)."""
+    (the allocator keeps ``keep`` freed bytes: :func:`keep_heap`).
+
+    Ctrl-C is its parent's to handle: a terminal sends SIGINT to the whole
+    foreground group, and a worker that took it printed a traceback of its
+    own beside the parent's one-line "interrupted". The parent stops its
+    workers as it exits, and a worker whose parent is gone exits by itself
+    (:func:`_watch_parent`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if keep:
         keep_heap(keep)
     if parent is not None:
@@ -477,8 +485,14 @@ class CpuBackend:
         """Send one job per active shard and wait for all; return each device's
         seconds on its shard, the CPU seconds its worker spent on it and the
         seconds of the job's round trip that were not the worker's (from
-        just before the job is sent to just after the result is read)."""
+        just before the job is sent to just after the result is read).
+
+        A reply is taken by its job's id: a run cut short (Ctrl-C in a
+        notebook, which the workers ignore) leaves the replies of the jobs it
+        sent in the pipes, and read in order they would be taken as the next
+        run's, its result read before its workers wrote it."""
         pending: dict[int, int] = {}
+        ids: dict[int, int] = {}
         sent: dict[int, float] = {}
         task_json = task.to_json()
         kind = kind_payload(task)  # a registered kind travels with its jobs
@@ -491,6 +505,7 @@ class CpuBackend:
                    "pos": pos, "inputs": descs, "out": out_desc,
                    "fault": dev in self.fault_devices, "last": last}
             sent[dev] = time.perf_counter()
+            ids[dev] = self._next_id
             try:
                 self._conns[dev].send(job)
             except (OSError, BrokenPipeError):
@@ -504,11 +519,14 @@ class CpuBackend:
             ready = connection.wait([self._conns[d] for d in pending], timeout=0.2)
             for conn in ready:
                 dev = self._conns.index(conn)
-                pos = pending.pop(dev)
+                pos = pending[dev]
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
                     self._fail(task, decision, bounds, pos, "worker process exited")
+                if msg[1] != ids[dev]:  # a reply to a job of a run cut short
+                    continue
+                del pending[dev]
                 if msg[0] != "ok":
                     self._fail(task, decision, bounds, pos, msg[2])
                 times[dev], cpu[dev] = msg[3], msg[4]
