@@ -33,8 +33,7 @@ from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import Snapshot
 from lib.policies.baselines import Policy
-from lib.policies.learned import load_policy
-from lib.policies.registry import default_policy
+from lib.policies.registry import default_policy, make_policy
 from lib.security import Verdict, check_decision
 
 
@@ -51,8 +50,9 @@ class Agent:
 
     Args:
         policy: anything with ``decide(task, machine, telemetry) -> Decision``,
-            or the path of a policy file (``str`` or ``Path``, loaded with
-            :func:`lib.policies.learned.load_policy`); default the shipped
+            a policy's name as the command line takes it (``"heft"``,
+            ``"oracle"``...: :data:`lib.policies.registry.POLICIES`), or the
+            path of a policy file (``str`` or ``Path``); default the shipped
             learned policy, one for every machine, or proportional-to-peak
             where no policy file ships.
         machine: a profile name or a :class:`~lib.platform.machines.Machine`.
@@ -68,7 +68,7 @@ class Agent:
                  backend: str | Backend = "model",
                  telemetry: Snapshot | None = None, **backend_options: Any):
         if isinstance(policy, (str, Path)):
-            policy = load_policy(policy)
+            policy = make_policy(str(policy))
         self.policy = policy or default_policy()
         self.machine = load_machine(machine)
         self.telemetry = telemetry

@@ -63,6 +63,20 @@ def test_a_broken_shipped_file_is_an_error_not_a_baseline(monkeypatch, tmp_path)
         Agent()
 
 
+def test_a_policy_is_named_as_on_the_command_line(tmp_path):
+    """``Agent(policy="heft")`` is the policy ``gpuhive run --policy heft``
+    runs; before, a name was read as a file that did not exist."""
+    task = TaskSpec("reduce", {"N": 1 << 20})
+    for name in ("heft", "oracle", "equal", "rl"):
+        agent = Agent(policy=name, machine="hetero-4")
+        assert agent.optimize(task).config_hash
+    assert Agent(policy="equal").policy.name == "equal"
+    with pytest.raises(ValueError, match="unknown policy 'hetf'; known: rl, "):
+        Agent(policy="hetf")
+    with pytest.raises(PolicyFormatError, match="does not exist"):
+        Agent(policy=tmp_path / "mine.npz")
+
+
 def test_notes_say_where_a_machine_is_outside_training():
     inside = Agent(machine="hetero-4")
     assert inside.notes() == []
