@@ -922,3 +922,14 @@ def test_alone_on_each_pairs_a_task_alone_on_a_busy_and_a_free_device():
     assert second["capacity_says"] == pytest.approx(3.0)
     # a device counts as busy below the threshold only
     assert alone_on_each(runs, cpu, busy_below=0.3) == []
+
+
+def test_a_parameter_the_runs_do_not_determine_is_not_given_a_huge_figure():
+    from types import SimpleNamespace
+
+    from lib.costmodel.calibrate import _notes
+
+    (note,) = _notes(SimpleNamespace(not_fitted=[], groups={}),
+                     {"corun[cpu]": 0.83, "fixed_s[cpu,reduce]": 949.05,
+                      "compute_eff[cpu,matmul]": 0.1})
+    assert note.endswith("corun[cpu] (+-83 %), fixed_s[cpu,reduce] (+->1000 %)")

@@ -373,7 +373,9 @@ def _notes(report: CalibrationReport, uncertainty: Mapping[str, float]) -> list[
             notes.append(f"Eq. (1) {side}-predicts the {group} runs by "
                          f"{abs(bias):.0f} % (median): structure the fitted "
                          f"parameters cannot capture")
-    loose = [f"{n} (+-{100 * v:.0f} %)" for n, v in uncertainty.items() if v > 0.5]
+    # past a factor of ten either way the figure says only "not determined"
+    loose = [f"{n} (+-{100 * v:.0f} %)" if v <= 10.0 else f"{n} (+->1000 %)"
+             for n, v in uncertainty.items() if v > 0.5]
     if loose:
         notes.append("weakly determined by the data (they trade off against "
                      "others): " + ", ".join(loose))
