@@ -233,6 +233,20 @@ def test_codegen_show_prints_a_kernel_that_scans_and_compiles(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+def test_codegen_specialises_to_the_decision_decide_gives(tmp_path):
+    """The kernel is specialised to the policy's decision, as ``gpuhive
+    decide`` gives it (the learned policy by default), and says which."""
+    task = ["--kind", "reduce", "--dim", "N=100000"]
+    for policy in ([], ["--policy", "heft"]):
+        made = gpuhive("codegen", *task, *policy, "--json")
+        assert made.returncode == 0, made.stderr
+        decided = gpuhive("decide", *task, *policy)
+        assert json.loads(made.stdout)["decision"] == \
+            json.loads(decided.stdout)["decision"]
+    text = gpuhive("codegen", *task, "--policy", "single-best").stdout
+    assert text.startswith("decision single gpus=[0] shares=[1.000]")
+
+
 def test_codegen_without_a_model_is_one_line_and_exit_2():
     p = gpuhive("codegen", "--kind", "reduce", "--dim", "N=1000", "--provider",
                 "openai")

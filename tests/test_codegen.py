@@ -125,8 +125,8 @@ def test_specialised_template_is_numerically_right(kind):
 @needs_nvrtc
 def test_cli_function_source_passes_scan_and_nvcc(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path / "home"))
-    kernel = generate_for_cli("matmul", {"M": 1024, "N": 1024, "K": 1024},
-                              provider="template")
+    kernel, _ = generate_for_cli("matmul", {"M": 1024, "N": 1024, "K": 1024},
+                                 provider="template")
     assert kernel.label == "TEMPLATE" and kernel.kernel_name == "matmul_fp32"
     assert scan_source(kernel.source, "matmul_fp32").accepted
     if find_nvcc() is None:

@@ -20,9 +20,11 @@ from lib.cli.common import (
     UsageError,
     add_json,
     add_machine,
+    add_policy,
     add_task_options,
     emit,
     parse_dims,
+    policy_from_args,
     read_text,
 )
 from lib.contract import TaskSpec
@@ -30,6 +32,8 @@ from lib.contract import TaskSpec
 if TYPE_CHECKING:
     from lib.codegen import GeneratedKernel
     from lib.codegen.llm import Provider
+    from lib.contract import Decision
+    from lib.policies.baselines import Policy
 
 HELP = "CUDA source specialised to the decision for a task, through Gate 2"
 #: The provider ``--provider`` names by default: the shipped templates, offline.
@@ -40,13 +44,18 @@ PROVIDERS = LazyChoices("lib.codegen", "PROVIDERS")
 def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DTYPE,
                      machine_name: str = DEFAULT_MACHINE,
                      provider: str | Provider = DEFAULT_PROVIDER,
-                     model: str | None = None) -> GeneratedKernel:
+                     model: str | None = None,
+                     policy: str | Policy | None = None
+                     ) -> tuple[GeneratedKernel, Decision]:
     """What ``gpuhive codegen --kind K --dim NAME=VALUE ... [--dtype D]
-    [--machine M] --provider P [--model X] [--show]`` does.
+    [--machine M] [--policy P] --provider X [--model Y] [--show]`` does: the
+    kernel and the decision it is specialised to.
 
-    The decision is the proportional-to-peak baseline's for the task on the
-    machine, checked by Gate 1. ``--show`` prints ``kernel.source`` and nothing
-    else; without it the CLI prints ``kernel.describe()``.
+    The decision is the policy's for the task on the machine (a name or a
+    policy file as ``--policy`` takes it, or a policy; default the shipped
+    learned policy, as ``gpuhive decide`` and ``explain`` give it), accepted
+    by Gate 1. ``--show`` prints ``kernel.source`` and nothing else; without
+    it the CLI prints the decision and ``kernel.describe()``.
 
     Raises:
         lib.contract.ContractError: a bad kind, dimension or dtype (a
@@ -55,18 +64,16 @@ def generate_for_cli(kind: str, dims: Mapping[str, int], dtype: str = DEFAULT_DT
             configured for the template-only path, or no NVRTC.
     """
     from lib.codegen import CodeGenerator, CodegenError
-    from lib.platform.machines import load_machine
-    from lib.policies.baselines import ProportionalToPeak
-    from lib.security import check_decision
+    from lib.runtime import Agent, DecisionRejected
 
     task = TaskSpec(kind, dict(dims), dtype)
-    machine = load_machine(machine_name)
-    decision = ProportionalToPeak().decide(task, machine, None).with_hash(task)
-    verdict = check_decision(decision, task, machine)
-    if not verdict.accepted:
+    agent = Agent(policy=policy, machine=machine_name)
+    try:
+        decision = agent.optimize(task)
+    except DecisionRejected as exc:
         raise CodegenError(f"Gate 1 refused the decision for {task.describe()}: "
-                           f"{verdict.summary()}")
-    return CodeGenerator().generate(task, decision, provider, model=model)
+                           f"{exc}") from None
+    return CodeGenerator().generate(task, decision, provider, model=model), decision
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -74,12 +81,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "codegen", help=HELP,
         description="Generate the CUDA kernel for a task, specialised to the "
-                    "proportional-to-peak decision on the machine, from the "
-                    "template or an LLM provider, through Gate 2 and the "
-                    "sealed kernel cache; --provider recorded replays a stored "
-                    "answer.")
+                    "policy's decision for it on the machine (the one gpuhive "
+                    "decide gives), from the template or an LLM provider, "
+                    "through Gate 2 and the sealed kernel cache; --provider "
+                    "recorded replays a stored answer.")
     add_task_options(p, required=True)
     add_machine(p)
+    add_policy(p)
     p.add_argument("--provider", default=DEFAULT_PROVIDER, choices=PROVIDERS,
                    metavar="NAME",
                    help="where the source comes from, one of %(choices)s "
@@ -142,9 +150,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.provider == "recorded":
             provider, answer_id = recorded_provider(args, task)
-        kernel = generate_for_cli(task.kind, task.dims, dtype=task.dtype,
-                                  machine_name=args.machine, provider=provider,
-                                  model=args.model)
+        kernel, decision = generate_for_cli(
+            task.kind, task.dims, dtype=task.dtype, machine_name=args.machine,
+            provider=provider, model=args.model, policy=policy_from_args(args))
     except CodegenError as exc:
         raise UsageError(str(exc)) from None
     if args.show:
@@ -162,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         used = f"the template, as the {who} was refused by {refused[-1]['check']}"
     else:
         used = "the template"
-    obj = {"kernel": kernel.kernel_name, "provider": kernel.provider,
+    obj = {"decision": decision.to_json(), "kernel": kernel.kernel_name,
+           "provider": kernel.provider,
            "model": kernel.model, "label": kernel.label,
            "used": "template" if kernel.provider == "template" else "answer",
            "refused": refused, "cached": kernel.cached,
@@ -171,5 +180,6 @@ def run(args: argparse.Namespace) -> int:
            "registers": kernel.registers}
     if answer_id is not None:
         obj.update(answers=str(provider.path), answer_id=answer_id)
-    emit(args, obj, f"{kernel.describe()}\nused     {used}")
+    emit(args, obj, f"decision {decision.describe()}\n{kernel.describe()}\n"
+                    f"used     {used}")
     return 0
