@@ -139,6 +139,47 @@ def test_validate_exit_codes(tmp_path):
     assert p.returncode == 2
 
 
+def test_what_decide_printed_runs_and_validates_as_a_decision_file(tmp_path):
+    """``gpuhive decide > d.json`` feeds ``run --decision`` and ``validate``:
+    its task and machine come with it, and another task or machine is refused
+    by name; a tampered decision in it is Gate 1's to reject."""
+    out = tmp_path / "d.json"
+    decided = gpuhive("decide", "--kind", "reduce", "--dim", "N=100000",
+                      "--machine", "uni-server-1gpu")
+    assert decided.returncode == 0, decided.stderr
+    out.write_text(decided.stdout)
+    p = gpuhive("run", "--decision", str(out), "--machine", "uni-server-1gpu",
+                "--verify", "--json")
+    assert p.returncode == 0, p.stderr
+    ran = json.loads(p.stdout)
+    assert ran["decision"] == json.loads(decided.stdout)["decision"]
+    assert ran["task"]["dims"] == {"N": 100000} and ran["metrics"]["verified"]
+    p = gpuhive("validate", str(out), "--machine", "uni-server-1gpu")
+    assert p.returncode == 0 and "accepted" in p.stdout, p.stderr
+    for argv, says in (
+            (["run", "--decision", str(out)],
+             "decided for machine uni-server-1gpu, not hetero-4 "
+             "(give --machine uni-server-1gpu)"),
+            (["run", "--decision", str(out), "--machine", "uni-server-1gpu",
+              "--kind", "reduce", "--dim", "N=5"],
+             "decided for reduce[N=100000] fp32, not reduce[N=5] fp32"),
+            (["validate", str(out)], "not hetero-4")):
+        p = gpuhive(*argv)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    tampered = json.loads(decided.stdout)
+    tampered["decision"]["block"] = 512 if tampered["decision"]["block"] != 512 else 256
+    out.write_text(json.dumps(tampered))
+    p = gpuhive("validate", str(out), "--machine", "uni-server-1gpu")
+    assert p.returncode == 1 and "integrity" in p.stdout, p.stdout
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(json.loads(decided.stdout)["decision"]))
+    p = gpuhive("validate", str(bare), "--machine", "uni-server-1gpu")
+    assert p.returncode == 2 and "give --task TASK.json" in p.stderr
+    p = gpuhive("run", "--decision", str(bare), "--machine", "uni-server-1gpu")
+    assert p.returncode == 2 and "holds a decision alone" in p.stderr
+
+
 def test_doctor_reports_backends():
     p = gpuhive("doctor", "--json")
     assert p.returncode == 0

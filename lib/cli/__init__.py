@@ -7,7 +7,9 @@ examples:
     gpuhive explain --kind matmul --dim M=8192 --dim N=8192 --dim K=8192
     gpuhive run --kind reduce --dim N=67108864 --machine local-cpu --verify \
         --backend cpu
-    gpuhive validate DECISION.json --task TASK.json --machine hetero-4
+    gpuhive decide --kind reduce --dim N=1000000 > d.json
+    gpuhive validate d.json             Gate 1 on what decide printed
+    gpuhive run --decision d.json --verify
     gpuhive characterise --machine local-cpu --backend cpu
     gpuhive calibrate --machine local-cpu --json
     gpuhive codegen --kind matmul --dim M=1024 --dim N=1024 --dim K=1024 --show

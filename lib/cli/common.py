@@ -347,6 +347,40 @@ def load_file(path: str | os.PathLike, what: str,
         raise UsageError(f"{what} file {path}: {exc}") from None
 
 
+#: The fields of what ``gpuhive decide`` prints: the decision, with the task,
+#: machine and policy it was made for. A decision file may hold that whole
+#: object or the decision alone.
+DECIDED_FIELDS = frozenset({"task", "machine", "policy", "decision"})
+
+
+def decided_for(obj: Any, path: str | os.PathLike, given_task: TaskSpec | None,
+                machine_name: str) -> tuple[Any, TaskSpec | None]:
+    """The decision object of a decision file's JSON ``obj`` and the task it
+    goes with: for ``gpuhive decide``'s output, its decision and its task
+    (checked to be ``given_task`` where one was given, and to be decided for
+    the machine named ``machine_name``); for a decision alone, ``obj`` and
+    ``given_task``.
+
+    Raises:
+        UsageError: the output of ``gpuhive decide`` for another task or
+            machine, or a task in it that is not a task (naming the file).
+    """
+    if not (isinstance(obj, dict) and set(obj) == DECIDED_FIELDS):
+        return obj, given_task
+    where = f"decision file {path}"
+    try:
+        task = TaskSpec.from_json(obj["task"])
+    except ContractError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    if given_task is not None and given_task != task:
+        raise UsageError(f"{where} was decided for {task.describe()}, not "
+                         f"{given_task.describe()}")
+    if obj["machine"] != machine_name:
+        raise UsageError(f"{where} was decided for machine {obj['machine']!s:.80}, "
+                         f"not {machine_name} (give --machine {obj['machine']!s:.80})")
+    return obj["decision"], task
+
+
 def check_home() -> None:
     """Refuse a home folder (``$GPUHIVE_HOME``, else ``~/.gpuhive``) that is a
     file or lies below one, before a command works for minutes and then

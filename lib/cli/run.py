@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from lib.cli.common import (
+    UsageError,
     add_backend,
     add_json,
     add_machine,
@@ -15,14 +16,15 @@ from lib.cli.common import (
     add_task_options,
     check_calibration,
     count_type,
+    decided_for,
     emit,
     fmt_seconds,
-    load_file,
     policy_from_args,
+    read_json,
     repeats_type,
     task_from_args,
 )
-from lib.contract import MEASURING_BACKENDS
+from lib.contract import MEASURING_BACKENDS, ContractError
 
 HELP = "decide, validate, execute, optionally verify"
 #: Untimed runs before the timed ones on a measuring backend, by default.
@@ -42,8 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_policy(p)
     add_json(p)
     add_backend(p)
-    p.add_argument("--decision", metavar="FILE", help="run this decision JSON "
-                                                     "instead of the policy's")
+    p.add_argument("--decision", metavar="FILE",
+                   help="run this decision instead of the policy's: a decision "
+                        "JSON (give its task too), or what gpuhive decide "
+                        "printed (its task and machine come with it)")
     p.add_argument("--rehash", action="store_true",
                    help="recompute the decision file's config_hash (any "
                         "hash it holds, well-formed or not, is ignored)")
@@ -76,23 +80,31 @@ def run(args: argparse.Namespace) -> int:
     from lib.contract import Decision
     from lib.runtime import Agent
 
-    task = task_from_args(args)
-    def parse(obj: Any) -> Decision:
-        if args.rehash and isinstance(obj, dict):  # the hash is recomputed
-            obj = {k: v for k, v in obj.items() if k != "config_hash"}
-        return Decision.from_json(obj)
-
-    decision = load_file(args.decision, "decision", parse) \
-        if args.decision else None
+    given = task_from_args(args) if args.kind or args.task or not args.decision \
+        else None
     check_calibration(args.machine)
     agent = Agent(policy=policy_from_args(args), machine=args.machine,
                   backend=args.backend, **backend_options(args))
+    decision = None
     try:
-        if decision is not None:
-            if args.rehash:
-                decision = decision.with_hash(task)
-        else:
+        task = given
+        if args.decision:  # a decision alone, or gpuhive decide's output
+            obj, task = decided_for(read_json(args.decision, "decision"),
+                                    args.decision, given, agent.machine.name)
+            if task is None:
+                raise UsageError(f"decision file {args.decision} holds a "
+                                 "decision alone: give its task (--kind and "
+                                 "--dim, or --task FILE)")
+            if args.rehash and isinstance(obj, dict):  # the hash is recomputed
+                obj = {k: v for k, v in obj.items() if k != "config_hash"}
+            try:
+                decision = Decision.from_json(obj)
+            except ContractError as exc:
+                raise UsageError(f"decision file {args.decision}: {exc}") from None
+        if decision is None:
             decision = agent.optimize(task)
+        elif args.rehash:
+            decision = decision.with_hash(task)
         result = agent.execute(task, decision, verify=args.verify)
     finally:
         agent.close()
