@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from lib.contract import ContractError
+
 
 def gpuhive(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lib.cli", *args],
@@ -488,3 +490,29 @@ def test_errors_are_told_apart_by_their_classes(fresh_python):
             "print(_is_one_of(ValueError('x'), BAD_INPUT + EXECUTION_FAILED),\n"
             "      'lib.runtime' in sys.modules, 'lib.execution' in sys.modules)\n")
     assert fresh_python(code).split() == ["False", "False", "False"]
+
+
+@pytest.mark.parametrize("raised, says, status", [
+    (KeyboardInterrupt(), "gpuhive: interrupted\n", 130),
+    (ContractError("dims.N", "must be positive"), "gpuhive: error: dims.N", 2)])
+def test_a_command_cut_short_says_why_on_a_line_of_its_own(capsys, tmp_path,
+                                                           monkeypatch, raised,
+                                                           says, status):
+    """Not glued to the progress bar it cut short (``...it/s]gpuhive: ...``)."""
+    import argparse
+
+    from tqdm.auto import tqdm
+
+    import lib.cli as cli
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+
+    def run(args):
+        bar = tqdm(total=10, desc="work", leave=False)
+        bar.update(3)
+        raise raised
+
+    assert cli._run(argparse.Namespace(run=run)) == status
+    err = capsys.readouterr().err
+    at = err.index(says)
+    assert at > 0 and err[at - 1] in "\r\n", repr(err[-120:])

@@ -139,11 +139,13 @@ def _run(args: argparse.Namespace) -> int:
         check_home()
         return args.run(args)
     except KeyboardInterrupt:
+        _end_bars()
         print("gpuhive: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         raise
     except Exception as exc:
+        _end_bars()
         if _is_one_of(exc, BAD_INPUT):
             print(f"gpuhive: error: {exc}", file=sys.stderr)
             return 2
@@ -151,6 +153,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"gpuhive: execution failed: {exc}", file=sys.stderr)
             return 1
         return _internal_error(exc)
+
+
+def _end_bars() -> None:
+    """Close the progress bars a command cut short left open, so the line
+    that says why starts a line of its own (it was glued to the bar:
+    ``... 83.29it/s]gpuhive: interrupted``). Nothing is imported here."""
+    std = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        try:
+            bar.close()
+        except Exception:
+            pass
 
 
 def _is_one_of(exc: BaseException, names: Sequence[tuple[str, str]]) -> bool:
