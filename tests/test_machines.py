@@ -243,3 +243,23 @@ def test_a_profile_of_ones_own_is_found_by_its_name_through_the_environment(
     monkeypatch.setenv(PROFILES_ENV, str(broken))
     with pytest.raises(MachineError, match="broken.json"):
         load_machine("my-box")
+
+
+def test_the_summary_of_dask_workers_fits_a_book_page():
+    """A Dask worker's label is its address: it takes a line of its own, so no
+    line passes the book's width (the HTML check refused m08's page of a
+    ``dask-local:2`` book: 112 characters)."""
+    import dataclasses
+
+    from lib.book import MAX_OUTPUT_CHARS
+
+    box = load_machine("local-cpu")
+    workers = dataclasses.replace(box, devices=tuple(
+        dataclasses.replace(d, name=f"dask worker tcp://127.0.0.1:{39119 + d.index}")
+        for d in box.devices))
+    lines = workers.summary().splitlines()
+    assert max(map(len, lines)) <= MAX_OUTPUT_CHARS, lines
+    assert lines[1] == "  0:dask worker tcp://127.0.0.1:39119"
+    assert lines[2].split()[0] == "fp32" and lines[2].startswith(" " * 25)
+    short = load_machine("hetero-4").summary().splitlines()
+    assert short[1].startswith("  0:H100 SXM") and "fp32" in short[1]

@@ -245,10 +245,13 @@ class Machine:
         tag += " (induced heterogeneity)" if self.induced else ""
         lines = [f"{self.name}{tag}: {self.n} device(s)"]
         for d, h in zip(self.devices, self.host_links, strict=True):
-            lines.append(
-                f"  {d.label:<22} fp32 {d.peak_fp32 / TB:7.2f} TFLOP/s  "
-                f"mem {d.mem_bytes / GB:6.1f} GB  bw {d.mem_bw / GB:7.1f} GB/s  "
-                f"host {h.kind} {h.bandwidth / GB:.0f} GB/s")
+            figures = (f"fp32 {d.peak_fp32 / TB:7.2f} TFLOP/s  "
+                       f"mem {d.mem_bytes / GB:6.1f} GB  bw {d.mem_bw / GB:7.1f} GB/s  "
+                       f"host {h.kind} {h.bandwidth / GB:.0f} GB/s")
+            if len(d.label) > 22:  # a Dask worker's address: a line of its own
+                lines += [f"  {d.label}", f"  {'':<22} {figures}"]
+            else:
+                lines.append(f"  {d.label:<22} {figures}")
         for (i, j), link in sorted(self.peers.items()):
             lines.append(f"  peer {i}-{j}: {link.kind} {link.bandwidth / GB:.0f} GB/s"
                          f"{' p2p' if link.p2p else ''}")
