@@ -129,6 +129,7 @@ def test_substitutions_equal_the_recorded_values():
     assert subs["rl_ci_low"] == "1.87" and subs["rl_ci_high"] == "2.28"
     assert subs["rl_ratio"] == f"{rl['ratio_to_optimum']:.3f}" == "1.024"
     assert subs["rl_gap_pct"] == "2.4"
+    assert subs["rl_against_optimum"] == "2.4 % slower than"
     assert subs["heft_speedup"] == "1.54" and subs["peak_ratio"] == "1.424"
     assert subs["optimum_speedup"] == "2.11" and subs["optimum_ratio"] == "1.000"
     for i in range(1, 8):
@@ -212,3 +213,12 @@ def test_a_machine_given_by_path_or_address_writes_inside_the_book(tmp_path,
     (folder / "m09-evaluation.json").write_text(json.dumps(SAMPLE))
     assert book.findings_record_path(tmp_path, "dask://10.0.0.5:8786") == \
         folder / "m09-evaluation.json"
+
+
+def test_a_policy_ahead_of_the_optimum_is_said_to_be_faster_not_negatively_slower():
+    from lib.book.sphinx import MISSING, against_optimum
+
+    assert against_optimum(1.024) == "2.4 % slower than"
+    assert against_optimum(0.811) == "18.9 % faster than"
+    assert against_optimum(1.0002) == against_optimum(0.9998) == "as fast as"
+    assert against_optimum(None) == against_optimum(float("nan")) == MISSING

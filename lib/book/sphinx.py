@@ -5,6 +5,7 @@ findings chapter's numbers from the evaluation chapter's record."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import shutil
 from pathlib import Path
@@ -159,6 +160,18 @@ def states_table(per_state: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def against_optimum(ratio: float | None) -> str:
+    """``T / T_opt`` as words before "the optimum": "2.4 % slower than", or,
+    where MEASURED noise puts a policy ahead, "0.8 % faster than" (not
+    "-0.8 % slower than"); "as fast as" within a twentieth of a percent."""
+    if not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+        return MISSING
+    pct = 100.0 * (ratio - 1.0)
+    if abs(pct) < 0.05:
+        return "as fast as"
+    return f"{abs(pct):.1f} % {'slower' if pct > 0 else 'faster'} than"
+
+
 def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
     """The MyST substitutions ``book/findings.md`` uses, from an evaluation
     record (what :func:`record` wrote for ``m09-evaluation``; None or an empty
@@ -194,6 +207,7 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
         subs[f"{short}_ratio"] = _num(ratio, ".3f")
         subs[f"{short}_gap_pct"] = _num(None if ratio is None else
                                         100 * (ratio - 1), ".1f")
+        subs[f"{short}_against_optimum"] = against_optimum(ratio)
         subs[f"{short}_p50_us"] = _num(row.get("decide_p50_us"), ".0f")
     latency = values.get("latency", {}) or {}
     subs["latency_p50_us"] = _num(latency.get("p50_us"), ".0f")
