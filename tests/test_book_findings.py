@@ -137,8 +137,10 @@ def test_substitutions_equal_the_recorded_values():
         assert subs[f"t{i}_value"] == t["value"] and subs[f"t{i}_bound"] == t["bound"]
         assert subs[f"t{i}_verdict"] == ("PASS" if t["passed"] else "FAIL")
     assert subs["latency_p50_us"] == "73" and subs["latency_p99_us"] == "100"
-    assert subs["ablation_no_topology_features_ratio"] == "1.131"
-    assert subs["ablation_full_ratio"] == "1.027"
+    assert subs["ablations_finding"] == (
+        "Zeroing features at decision time, in the busy state: without "
+        "telemetry the policy's time is 1.059 times the optimum's, without "
+        "topology 1.131, against 1.027 as shipped. It leans on both.")
     assert subs["transfer_machines"] == "2" and subs["transfer_worst_ratio"] == "1.024"
     assert subs["across_worst_gap_pct"] == "3.6"
     table = subs["across_table"].splitlines()
@@ -222,3 +224,22 @@ def test_a_policy_ahead_of_the_optimum_is_said_to_be_faster_not_negatively_slowe
     assert against_optimum(0.811) == "18.9 % faster than"
     assert against_optimum(1.0002) == against_optimum(0.9998) == "as fast as"
     assert against_optimum(None) == against_optimum(float("nan")) == MISSING
+
+
+def test_the_ablations_finding_says_what_the_numbers_say_or_that_there_are_none():
+    from lib.book.sphinx import ablations_finding
+
+    def abl(full, tel, top):
+        return [{"variant": "full", "ratio_to_optimum": full},
+                {"variant": "no telemetry features", "ratio_to_optimum": tel},
+                {"variant": "no topology features", "ratio_to_optimum": top}]
+
+    assert ablations_finding(abl(1.0, 1.2, 1.1), "model").endswith(
+        "It leans on both.")
+    assert ablations_finding(abl(1.0, 1.2, 1.001), "model").endswith(
+        "It leans on telemetry; without topology it does about as well.")
+    assert ablations_finding(abl(1.0, 1.0, 1.0), "model").endswith(
+        "Neither changes it much here.")
+    none = ablations_finding([], "cpu")
+    assert "ran on the cpu backend, so it has none" in none
+    assert "n/a" not in none and not any(c.isdigit() for c in none)

@@ -8,6 +8,7 @@ import importlib.util
 import math
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,6 @@ def _num(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def _slug(text: str) -> str:
-    return "_".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
-
-
 def across_table(rows: list[dict[str, Any]]) -> str:
     """The across-machines rows of the evaluation record as a Markdown table."""
     if not rows:
@@ -212,11 +209,6 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
     latency = values.get("latency", {}) or {}
     subs["latency_p50_us"] = _num(latency.get("p50_us"), ".0f")
     subs["latency_p99_us"] = _num(latency.get("p99_us"), ".0f")
-    for a in values.get("ablations", []) or []:
-        subs[f"ablation_{_slug(a.get('variant', ''))}_ratio"] = \
-            _num(a.get("ratio_to_optimum"), ".3f")
-    for name in ("full", "no telemetry features", "no topology features"):
-        subs.setdefault(f"ablation_{_slug(name)}_ratio", MISSING)
     zero = [x for x in values.get("transfer", []) or [] if x.get("when") == "zero-shot"]
     subs["transfer_machines"] = str(len(zero)) if zero else MISSING
     subs["transfer_worst_ratio"] = _num(max((x.get("ratio_to_optimum", 0.0)
@@ -234,7 +226,44 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
     for key in ("tasks", "wins", "losses", "ties"):
         subs[f"h2h_{key}"] = str(h2h[key]) if key in h2h else MISSING
     subs["h2h_states"] = ", ".join(h2h["states"]) if h2h.get("states") else MISSING
+    subs["ablations_finding"] = ablations_finding(values.get("ablations") or [],
+                                                  subs["eval_backend"])
     return subs
+
+
+#: How much above the shipped policy's ``T / T_opt`` an ablation must be for
+#: the findings to say the policy leans on what it took away (half a percent).
+LEANS = 1.005
+
+
+def ablations_finding(ablations: Sequence[Mapping[str, Any]], backend: str) -> str:
+    """What the findings say of the ablations: each variant's ``T / T_opt``
+    against the shipped policy's and, from them, what the policy leans on;
+    where the evaluation ran none (it runs them on the model backend only),
+    that, instead of numbers that are not there."""
+    ratio = {a.get("variant"): a.get("ratio_to_optimum") for a in ablations}
+    full, tel, top = (ratio.get(k) for k in ("full", "no telemetry features",
+                                               "no topology features"))
+    if not all(isinstance(v, (int, float)) and math.isfinite(v)
+               for v in (full, tel, top)):
+        return ("The evaluation runs the ablations (the policy with parts of "
+                "what it sees zeroed, PREDICTED) when it runs on the model "
+                f"backend; this book's ran on the {backend} backend, so it has "
+                "none. The default book (`make book`) shows them.")
+    leans = [name for name, v in (("telemetry", tel), ("topology", top))
+             if v > LEANS * full]
+    if len(leans) == 2:
+        verdict = "It leans on both."
+    elif leans:
+        other = "topology" if leans[0] == "telemetry" else "telemetry"
+        verdict = (f"It leans on {leans[0]}; without {other} it does about as "
+                   "well.")
+    else:
+        verdict = "Neither changes it much here."
+    return (f"Zeroing features at decision time, in the busy state: without "
+            f"telemetry the policy's time is {tel:.3f} times the optimum's, "
+            f"without topology {top:.3f}, against {full:.3f} as shipped. "
+            f"{verdict}")
 
 
 def findings_record_path(srcdir: Path, machine: str | None = None) -> Path | None:
