@@ -134,6 +134,12 @@ def test_measured_rows_on_local_cpu(monkeypatch):
     assert statistics.median(cap["load-mid"][half:]) \
         < statistics.median(cap["load-mid"][:half])
     assert any("induced" in n for n in r.notes)
+    # the feature ablations are PREDICTED on every backend; the two short
+    # trainings (which would run a measured stage here) are left out
+    variants = [a["variant"] for a in r.ablations]
+    assert variants == ["full", "no telemetry features", "no topology features",
+                        "no action mask"]
+    assert {a["label"] for a in r.ablations} == {"PREDICTED (model)"}
     text = r.to_text()
     assert "Speedup over equal split per state (MEASURED (cpu))" in text
     assert "from the medians of the rounds" in text

@@ -105,12 +105,17 @@ def acceptance(policy: Policy, machines: Sequence[Machine],
 
 
 def run_ablations(machine, tasks, policy_path, notes, budget,
-                  source: str | None = None) -> list[dict[str, Any]]:
+                  source: str | None = None, curriculum: bool = True
+                  ) -> list[dict[str, Any]]:
     """The learned policy without parts of what it sees (PREDICTED).
 
     Args:
         source: what names ``machine`` for training (its profile's path
             where it came from one); default its name.
+        curriculum: also train two short policies, with and without the
+            curriculum (:func:`_curriculum_ablation`); a measured evaluation
+            leaves them out, since training for a real machine runs its
+            measured stage there.
     """
     out = []
     snap = busy(machine, [0.7 if i == 0 else 0.0 for i in range(machine.n)])
@@ -129,9 +134,9 @@ def run_ablations(machine, tasks, policy_path, notes, budget,
         speed, ratio = _score(policy, machine, tasks, snap)
         out.append({"variant": name, "speedup": speed, "ratio_to_optimum": ratio,
                     "how": how, "label": "PREDICTED (model)"})
-    curriculum = _curriculum_ablation(machine, tasks, snap, budget,
-                                      source or machine.name)
-    out += curriculum
+    if curriculum:
+        out += _curriculum_ablation(machine, tasks, snap, budget,
+                                    source or machine.name)
     return out
 
 

@@ -196,9 +196,10 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
         if bar is not None:
             bar.close()
     table4 = _table4(rows, seed)
+    # PREDICTED on every backend; the two short trainings on the model one only
     ablations = run_ablations(machine, tasks, policy_path, notes, budget,
-                              str(machine_name)) \
-        if learned is not None and backend == "model" else []
+                              str(machine_name), curriculum=backend == "model") \
+        if learned is not None else []
     transfer = run_transfer(learned, budget, seed, notes) \
         if learned is not None else []
     latency = decision_latency(

@@ -219,7 +219,8 @@ class EvalReport:
                           f"{h2h['tasks']} tasks; faster on {h2h['wins']}, slower "
                           f"on {h2h['losses']}, decided alike on {h2h['ties']}"]
         if self.ablations:
-            lines += ["", "Ablations of the learned policy"]
+            lines += ["", "Ablations of the learned policy (PREDICTED, model "
+                          "backend, busy state)"]
             lines += [f"  {a['variant']:<22} speedup {a['speedup']:.2f}x  vs opt "
                       f"{a['ratio_to_optimum']:.3f}  ({a['how']})"
                       for a in self.ablations]
