@@ -241,5 +241,5 @@ def test_the_ablations_finding_says_what_the_numbers_say_or_that_there_are_none(
     assert ablations_finding(abl(1.0, 1.0, 1.0), "model").endswith(
         "Neither changes it much here.")
     none = ablations_finding([], "cpu")
-    assert "ran on the cpu backend, so it has none" in none
+    assert "(on the cpu backend) recorded no ablations" in none
     assert "n/a" not in none and not any(c.isdigit() for c in none)

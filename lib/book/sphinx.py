@@ -239,17 +239,17 @@ LEANS = 1.005
 def ablations_finding(ablations: Sequence[Mapping[str, Any]], backend: str) -> str:
     """What the findings say of the ablations: each variant's ``T / T_opt``
     against the shipped policy's and, from them, what the policy leans on;
-    where the evaluation ran none (it runs them on the model backend only),
+    where the evaluation has none (it had no learned policy to take apart),
     that, instead of numbers that are not there."""
     ratio = {a.get("variant"): a.get("ratio_to_optimum") for a in ablations}
     full, tel, top = (ratio.get(k) for k in ("full", "no telemetry features",
                                                "no topology features"))
     if not all(isinstance(v, (int, float)) and math.isfinite(v)
                for v in (full, tel, top)):
-        return ("The evaluation runs the ablations (the policy with parts of "
-                "what it sees zeroed, PREDICTED) when it runs on the model "
-                f"backend; this book's ran on the {backend} backend, so it has "
-                "none. The default book (`make book`) shows them.")
+        return ("This book's evaluation (on the "
+                f"{backend} backend) recorded no ablations (the policy with "
+                "parts of what it sees zeroed, PREDICTED): it had no learned "
+                "policy to take apart.")
     leans = [name for name, v in (("telemetry", tel), ("topology", top))
              if v > LEANS * full]
     if len(leans) == 2:
