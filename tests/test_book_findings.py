@@ -240,6 +240,11 @@ def test_the_ablations_finding_says_what_the_numbers_say_or_that_there_are_none(
         "It leans on telemetry; without topology it does about as well.")
     assert ablations_finding(abl(1.0, 1.0, 1.0), "model").endswith(
         "Neither changes it much here.")
+    assert ablations_finding(abl(1.086, 1.072, 1.123), "cpu").endswith(
+        "It leans on topology; without telemetry it does better here.")
+    assert ablations_finding(abl(1.0, 0.9, 1.0), "model").endswith(
+        "Without telemetry it does better here; without topology it does "
+        "about as well.")
     none = ablations_finding([], "cpu")
     assert "(on the cpu backend) recorded no ablations" in none
     assert "n/a" not in none and not any(c.isdigit() for c in none)

@@ -250,16 +250,18 @@ def ablations_finding(ablations: Sequence[Mapping[str, Any]], backend: str) -> s
                 f"{backend} backend) recorded no ablations (the policy with "
                 "parts of what it sees zeroed, PREDICTED): it had no learned "
                 "policy to take apart.")
-    leans = [name for name, v in (("telemetry", tel), ("topology", top))
-             if v > LEANS * full]
-    if len(leans) == 2:
+    how = {name: "leans" if v > LEANS * full else "better" if v * LEANS < full
+           else "same" for name, v in (("telemetry", tel), ("topology", top))}
+    if set(how.values()) == {"leans"}:
         verdict = "It leans on both."
-    elif leans:
-        other = "topology" if leans[0] == "telemetry" else "telemetry"
-        verdict = (f"It leans on {leans[0]}; without {other} it does about as "
-                   "well.")
-    else:
+    elif set(how.values()) == {"same"}:
         verdict = "Neither changes it much here."
+    else:
+        said = {"leans": "it leans on {}", "better": "without {} it does better here",
+                "same": "without {} it does about as well"}
+        order = sorted(how, key=lambda name: how[name] != "leans")
+        text = "; ".join(said[how[name]].format(name) for name in order)
+        verdict = text[0].upper() + text[1:] + "."
     return (f"Zeroing features at decision time, in the busy state: without "
             f"telemetry the policy's time is {tel:.3f} times the optimum's, "
             f"without topology {top:.3f}, against {full:.3f} as shipped. "
