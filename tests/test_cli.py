@@ -169,6 +169,12 @@ def test_what_decide_printed_runs_and_validates_as_a_decision_file(tmp_path):
         p = gpuhive(*argv)
         assert p.returncode == 2 and says in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
+    # what explain --json prints carries the same three fields, and more
+    explained = gpuhive("explain", "--kind", "reduce", "--dim", "N=100000",
+                        "--machine", "uni-server-1gpu", "--json")
+    out.write_text(explained.stdout)
+    p = gpuhive("validate", str(out), "--machine", "uni-server-1gpu")
+    assert p.returncode == 0 and "accepted" in p.stdout, p.stderr
     tampered = json.loads(decided.stdout)
     tampered["decision"]["block"] = 512 if tampered["decision"]["block"] != 512 else 256
     out.write_text(json.dumps(tampered))

@@ -347,16 +347,17 @@ def load_file(path: str | os.PathLike, what: str,
         raise UsageError(f"{what} file {path}: {exc}") from None
 
 
-#: The fields of what ``gpuhive decide`` prints: the decision, with the task,
-#: machine and policy it was made for. A decision file may hold that whole
-#: object or the decision alone.
-DECIDED_FIELDS = frozenset({"task", "machine", "policy", "decision"})
+#: The fields of what ``gpuhive decide`` prints (and ``gpuhive explain
+#: --json``, among others): the decision, with the task and machine it was
+#: made for. A decision file may hold such an object or the decision alone.
+DECIDED_FIELDS = frozenset({"task", "machine", "decision"})
 
 
 def decided_for(obj: Any, path: str | os.PathLike, given_task: TaskSpec | None,
                 machine_name: str) -> tuple[Any, TaskSpec | None]:
     """The decision object of a decision file's JSON ``obj`` and the task it
-    goes with: for ``gpuhive decide``'s output, its decision and its task
+    goes with: for ``gpuhive decide``'s output (or ``explain --json``'s), its
+    decision and its task
     (checked to be ``given_task`` where one was given, and to be decided for
     the machine named ``machine_name``); for a decision alone, ``obj`` and
     ``given_task``.
@@ -365,7 +366,7 @@ def decided_for(obj: Any, path: str | os.PathLike, given_task: TaskSpec | None,
         UsageError: the output of ``gpuhive decide`` for another task or
             machine, or a task in it that is not a task (naming the file).
     """
-    if not (isinstance(obj, dict) and set(obj) == DECIDED_FIELDS):
+    if not (isinstance(obj, dict) and DECIDED_FIELDS <= set(obj)):
         return obj, given_task
     where = f"decision file {path}"
     try:
