@@ -154,6 +154,10 @@ def test_profile_from_worker_records():
     # GPU workers are profiled, not run
     with pytest.raises(BackendUnavailable, match="GPU worker"):
         DaskBackend(m)
+    # a profile that is not a Dask cluster is named as such, with what would be
+    with pytest.raises(BackendUnavailable, match="machine hetero-4 is not a Dask "
+                       "cluster; name one as dask-local:N"):
+        DaskBackend(load_machine("hetero-4"))
 
 
 def test_snapshot_from_scheduler_rows():

@@ -69,6 +69,7 @@ from lib.execution.base import (
     replan,
 )
 from lib.platform.dask_cluster import (
+    WORKER_PREFIX,
     DaskCluster,
     cluster_for,
     worker_address,
@@ -184,6 +185,11 @@ class DaskBackend:
                  stall_devices: Mapping[int, float] | None = None,
                  cluster: DaskCluster | None = None, poll: float = 0.1,
                  direct: bool = True):
+        if not all(d.name.startswith(WORKER_PREFIX) for d in machine.devices):
+            raise BackendUnavailable(
+                f"dask backend: machine {machine.name} is not a Dask cluster; "
+                "name one as dask-local:N (N workers on this computer) or "
+                "dask://HOST:PORT (a running scheduler)")
         gpus = [d.label for d in machine.devices if d.kind != "cpu"]
         if gpus:
             raise BackendUnavailable(
