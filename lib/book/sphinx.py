@@ -202,8 +202,6 @@ def findings_substitutions(record: dict[str, Any] | None) -> dict[str, str]:
         subs[f"{short}_ci_low"] = _num(ci[0], ".2f")
         subs[f"{short}_ci_high"] = _num(ci[1], ".2f")
         subs[f"{short}_ratio"] = _num(ratio, ".3f")
-        subs[f"{short}_gap_pct"] = _num(None if ratio is None else
-                                        100 * (ratio - 1), ".1f")
         subs[f"{short}_against_optimum"] = against_optimum(ratio)
         subs[f"{short}_p50_us"] = _num(row.get("decide_p50_us"), ".0f")
     latency = values.get("latency", {}) or {}

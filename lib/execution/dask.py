@@ -69,7 +69,6 @@ from lib.execution.base import (
     replan,
 )
 from lib.platform.dask_cluster import (
-    WORKER_PREFIX,
     DaskCluster,
     cluster_for,
     worker_address,
@@ -185,11 +184,13 @@ class DaskBackend:
                  stall_devices: Mapping[int, float] | None = None,
                  cluster: DaskCluster | None = None, poll: float = 0.1,
                  direct: bool = True):
-        if not all(d.name.startswith(WORKER_PREFIX) for d in machine.devices):
+        try:
+            self.addresses = tuple(worker_address(d) for d in machine.devices)
+        except MachineError:
             raise BackendUnavailable(
                 f"dask backend: machine {machine.name} is not a Dask cluster; "
                 "name one as dask-local:N (N workers on this computer) or "
-                "dask://HOST:PORT (a running scheduler)")
+                "dask://HOST:PORT (a running scheduler)") from None
         gpus = [d.label for d in machine.devices if d.kind != "cpu"]
         if gpus:
             raise BackendUnavailable(
@@ -197,7 +198,6 @@ class DaskBackend:
                 "shards run with NumPy on worker CPUs, so GPU workers are profiled "
                 "but not run")
         try:
-            self.addresses = tuple(worker_address(d) for d in machine.devices)
             self.cluster = cluster or cluster_for(machine)
         except MachineError as exc:
             raise BackendUnavailable(f"dask backend: {exc}") from None
