@@ -12,14 +12,24 @@
 ``optimize`` and ``execute`` are separate so a decision can be inspected,
 logged, diffed, hand-written or loaded from JSON in between. ``execute`` checks
 every decision with Gate 1 whatever its origin, and never runs a rejected one.
+
+On a measuring backend (``cpu``, ``cuda``, ``dask``) the agent reads its
+devices' state itself (``telemetry="auto"``, the default): a snapshot of what
+each device has free now (:func:`live_snapshot`: on CPU cores the share of the
+core another process leaves, MEASURED), read again before a decision once the
+last is :data:`LIVE_MAX_AGE_S` old. The policy decides under it, Gate 1
+checks against it, and the run it starts teaches the history at the capacity
+it really had; without it a busy core is decided for as a free one, and its
+slow runs would teach the history that the core is slow.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from lib.contract import Decision, TaskSpec
+from lib.contract import MEASURING_BACKENDS, Decision, TaskSpec
 from lib.costmodel.contention import (
     calibrated_bursts,
     contention_level,
@@ -31,10 +41,58 @@ from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
 from lib.execution import Backend, Result, get_backend
 from lib.platform.machines import Machine, load_machine
-from lib.platform.telemetry import Snapshot
+from lib.platform.telemetry import (
+    Snapshot,
+    TelemetryError,
+    local_cpu_snapshot,
+    nvml_snapshot,
+)
 from lib.policies.baselines import Policy
 from lib.policies.registry import default_policy, make_policy
 from lib.security import Verdict, check_decision
+
+#: ``Agent(telemetry=...)``: read the devices now, and fail if they cannot be.
+LIVE = "live"
+#: ``Agent(telemetry=...)``, the default: read them live where the decision runs
+#: on a measuring backend, else decide without telemetry.
+AUTO = "auto"
+#: A live snapshot this young (seconds) serves the next decision too; reading
+#: one watches the cores for a tenth of a second.
+LIVE_MAX_AGE_S = 2.0
+
+
+def live_snapshot(machine: Machine, backend: str, *, interval: float = 0.1,
+                  samples: int = 5) -> Snapshot:
+    """What ``machine``'s devices look like now, read the way the measuring
+    ``backend`` that runs on them sees them (MEASURED).
+
+    ``cpu``: each core's capacity from the runnable threads of other processes
+    (:func:`~lib.platform.telemetry.local_cpu_snapshot`, ``samples`` looks
+    over ``interval`` seconds); ``dask``: the scheduler's view of the workers
+    (:func:`~lib.platform.dask_cluster.dask_snapshot`); ``cuda``: NVML
+    (:func:`~lib.platform.telemetry.nvml_snapshot`).
+
+    Raises:
+        TelemetryError: the devices cannot be read here (no ``/proc``, no
+            NVIDIA driver), or the snapshot has another number of devices than
+            the machine.
+    """
+    if backend == "cpu":
+        snap = local_cpu_snapshot(machine, interval=interval, samples=samples)
+    elif backend == "dask":
+        from lib.platform.dask_cluster import dask_snapshot
+        snap = dask_snapshot(machine)
+    elif backend == "cuda":
+        snap = nvml_snapshot()
+    else:
+        raise TelemetryError(f"backend {backend!r} has no devices to read live "
+                             f"(live telemetry reads those of "
+                             f"{', '.join(MEASURING_BACKENDS)})")
+    if len(snap.healthy) != machine.n:
+        raise TelemetryError(f"{snap.source} telemetry reports "
+                             f"{len(snap.healthy)} device(s); machine "
+                             f"{machine.name} has {machine.n}")
+    return snap
 
 
 class DecisionRejected(ValueError):
@@ -56,25 +114,84 @@ class Agent:
             learned policy, one for every machine, or proportional-to-peak
             where no policy file ships.
         machine: a profile name or a :class:`~lib.platform.machines.Machine`.
-        backend: ``"model"``, ``"cpu"`` or ``"cuda"``, or a backend object.
-        telemetry: live state handed to Gate 1 and, with each device's
-            capacity made effective for the task from the history
-            (:meth:`seen_by_policy`), to the policy.
+        backend: ``"model"``, ``"cpu"``, ``"cuda"`` or ``"dask"``, or a
+            backend object.
+        telemetry: the devices' state, handed to Gate 1 and, with each
+            device's capacity made effective for the task from the history
+            (:meth:`seen_by_policy`), to the policy: a
+            :class:`~lib.platform.telemetry.Snapshot`; ``None`` (decide as if
+            every device were idle); ``"live"`` (read the devices before each
+            decision, :func:`live_snapshot`, on the measuring backend given or,
+            on the model backend, the machine's first real one); or ``"auto"``
+            (default: ``"live"`` on a measuring backend, ``None`` on the model
+            backend or where the devices cannot be read, which
+            :meth:`notes` then says).
         backend_options: passed to the backend (``seed``, ``repeats``...).
+
+    Raises:
+        ValueError: ``telemetry`` is a string other than ``"live"`` or
+            ``"auto"``.
+        TelemetryError: ``"live"`` on a machine with no real backend.
     """
 
     def __init__(self, policy: Policy | str | Path | None = None,
                  machine: str | Machine = "hetero-4",
                  backend: str | Backend = "model",
-                 telemetry: Snapshot | None = None, **backend_options: Any):
+                 telemetry: Snapshot | str | None = AUTO, **backend_options: Any):
         if isinstance(policy, (str, Path)):
             policy = make_policy(str(policy))
         self.policy = policy or default_policy()
         self.machine = load_machine(machine)
-        self.telemetry = telemetry
         self._backend_spec = backend
         self._backend_options = backend_options
         self._backend: Backend | None = None if isinstance(backend, str) else backend
+        self._telemetry_note: str | None = None
+        self._live: tuple[float, Snapshot] | None = None
+        self._fixed: Snapshot | None = None
+        #: the backend whose devices are read live (None: a fixed snapshot)
+        self._live_backend: str | None = None
+        self._auto = telemetry == AUTO
+        if not isinstance(telemetry, str):
+            self._fixed = telemetry
+            return
+        if telemetry not in (LIVE, AUTO):
+            raise ValueError(f"telemetry {telemetry!r}: expected a Snapshot, "
+                             f"None, {LIVE!r} or {AUTO!r}")
+        name = backend if isinstance(backend, str) else getattr(backend, "name", "")
+        if name in MEASURING_BACKENDS:
+            self._live_backend = name
+        elif telemetry == LIVE:
+            real = tuple(getattr(self.machine, "real_backends", ()) or ())
+            if not real:
+                raise TelemetryError(f"telemetry 'live': machine "
+                                     f"{self.machine.name} is simulated; it has "
+                                     "no devices to read")
+            self._live_backend = real[0]
+
+    @property
+    def telemetry(self) -> Snapshot | None:
+        """The devices' state the next decision is made under: the snapshot
+        given, or the live one (read afresh once it is
+        :data:`LIVE_MAX_AGE_S` old).
+
+        Raises:
+            TelemetryError: ``telemetry="live"`` and the devices cannot be read.
+        """
+        if self._live_backend is None:
+            return self._fixed
+        now = time.monotonic()
+        if self._live is None or now - self._live[0] > LIVE_MAX_AGE_S:
+            try:
+                snap = live_snapshot(self.machine, self._live_backend)
+            except TelemetryError as exc:
+                if not self._auto or self._live is not None:
+                    raise
+                # auto, and never read here: decide without, and say so
+                self._telemetry_note = f"deciding without telemetry: {exc}"
+                self._live_backend = None
+                return None
+            self._live = (time.monotonic(), snap)
+        return self._live[1]
 
     @property
     def backend(self) -> Backend:
@@ -89,14 +206,20 @@ class Agent:
 
     def notes(self) -> list[str]:
         """Where this machine lies outside what the policy was trained on
-        (more devices, card models it never met), one line each; empty
-        inside it, or for a policy that does not say."""
+        (more devices, card models it never met), and whether the agent
+        decides without the telemetry it looked for, one line each; empty
+        otherwise, or for a policy that does not say."""
         notes = getattr(self.policy, "notes", None)
-        return list(notes(self.machine)) if callable(notes) else []
+        out = list(notes(self.machine)) if callable(notes) else []
+        return out + ([self._telemetry_note] if self._telemetry_note else [])
 
-    def validate(self, task: TaskSpec, decision: Any) -> Verdict:
-        """Gate 1 on ``decision`` for ``task`` on this machine (never raises)."""
-        return check_decision(decision, task, self.machine, self.telemetry)
+    def validate(self, task: TaskSpec, decision: Any,
+                 telemetry: Snapshot | None = None) -> Verdict:
+        """Gate 1 on ``decision`` for ``task`` on this machine, under
+        ``telemetry`` (default :attr:`telemetry`); never raises but for
+        :class:`TelemetryError` where live telemetry cannot be read."""
+        snap = self.telemetry if telemetry is None else telemetry
+        return check_decision(decision, task, self.machine, snap)
 
     def optimize(self, task: TaskSpec) -> Decision:
         """The policy's decision for ``task``, hashed and accepted by Gate 1.
@@ -104,14 +227,17 @@ class Agent:
         Raises:
             DecisionRejected: the policy produced a decision Gate 1 refuses.
         """
-        decision = self.policy.decide(task, self.machine, self.seen_by_policy(task))
+        snap = self.telemetry
+        decision = self.policy.decide(task, self.machine,
+                                      self.seen_by_policy(task, snap))
         decision = decision.with_hash(task)
-        verdict = self.validate(task, decision)
+        verdict = self.validate(task, decision, snap)
         if not verdict.accepted:
             raise DecisionRejected(verdict)
         return decision
 
-    def seen_by_policy(self, task: TaskSpec) -> Snapshot | None:
+    def seen_by_policy(self, task: TaskSpec,
+                       telemetry: Snapshot | None = None) -> Snapshot | None:
         """The telemetry the policy decides ``task`` under: the live snapshot
         with what the machine's history learned from MEASURED runs folded
         into each device's capacity (1, 2) or carried beside it (3):
@@ -130,8 +256,9 @@ class Agent:
            (:func:`~lib.costmodel.overhead.overhead_snapshot`), which the
            cost model adds to the device's launch.
 
+        ``telemetry``: the snapshot to start from (default :attr:`telemetry`).
         Unchanged without a measured capacity or without such history."""
-        snap = self.telemetry
+        snap = self.telemetry if telemetry is None else telemetry
         if snap is None or snap.capacity is None:
             return snap
         history = History.peek(self.machine.name)
@@ -160,12 +287,13 @@ class Agent:
             DecisionRejected: Gate 1 refuses the decision (nothing runs).
             lib.execution.ExecutionError: a device failed (no partial result).
         """
-        verdict = self.validate(task, decision)
+        snap = self.telemetry  # what the run starts under
+        verdict = self.validate(task, decision, snap)
         if not verdict.accepted:
             raise DecisionRejected(verdict)
         result = self.backend.run(task, decision, verify=verify)
         if result.metrics.measured:  # MEASURED runs teach; PREDICTED ones cannot
-            record_run(task, decision, result, self.telemetry, self.machine,
+            record_run(task, decision, result, snap, self.machine,
                        params_for(self.machine.name))
         return result
 

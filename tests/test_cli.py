@@ -522,3 +522,28 @@ def test_a_command_cut_short_says_why_on_a_line_of_its_own(capsys, tmp_path,
     err = capsys.readouterr().err
     at = err.index(says)
     assert at > 0 and err[at - 1] in "\r\n", repr(err[-120:])
+
+
+def test_telemetry_is_read_where_asked_and_said_in_the_output():
+    """run on the model backend decides without telemetry unless asked
+    (--telemetry auto reads the devices only where the task runs on them);
+    live on local-cpu reads this computer's cores and says what it read;
+    live on a simulated machine is one line, exit 2."""
+    task = ("--kind", "reduce", "--dim", "N=4096", "--machine", "local-cpu")
+    p = gpuhive("run", *task, "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["telemetry"] is None
+    p = gpuhive("run", *task, "--telemetry", "live", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["telemetry"].startswith(
+        "MEASURED local-cpu: capacity ")
+    p = gpuhive("decide", *task, "--telemetry", "live")
+    assert p.returncode == 0, p.stderr
+    assert "capacity" in json.loads(p.stdout)["telemetry"]
+    assert "telemetry" not in json.loads(gpuhive("decide", *task).stdout)
+    p = gpuhive("explain", "--kind", "reduce", "--dim", "N=4096",
+                "--telemetry", "live")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "gpuhive: error: telemetry 'live': machine hetero-4 is simulated; it "
+        "has no devices to read"]

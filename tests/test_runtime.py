@@ -229,3 +229,131 @@ def test_a_malformed_history_stops_a_decision_under_contention_in_one_line(
     quiet = Agent(policy=EqualSplit(), machine="local-cpu")
     assert quiet.optimize(TaskSpec("elementwise", {"N": 1000})).gpus == tuple(
         range(n))
+
+
+# -- live telemetry: the runtime reads its devices itself -----------------------
+
+def _count_reads(monkeypatch, snap=None, error=None):
+    """Replace the runtime's live reader; returns the list its calls append to."""
+    import lib.runtime as runtime
+    calls = []
+
+    def read(machine, backend, **_):
+        calls.append(backend)
+        if error is not None:
+            raise error
+        return snap
+    monkeypatch.setattr(runtime, "live_snapshot", read)
+    return calls
+
+
+def test_auto_reads_the_devices_on_a_measuring_backend_only(monkeypatch):
+    """On the model backend nothing is read; on the cpu backend the policy
+    decides under the snapshot read now, one read serving the decisions of
+    the next LIVE_MAX_AGE_S seconds (the backend itself never starts)."""
+    import lib.runtime as runtime
+
+    busy = _first_core_busy()
+    calls = _count_reads(monkeypatch, busy)
+    model = Agent(policy=EqualSplit(), machine="local-cpu")
+    assert model.telemetry is None and model.seen_by_policy(TASK) is None
+    assert calls == []
+
+    class Recording(EqualSplit):
+        def decide(self, task, machine, telemetry=None):
+            self.seen = telemetry
+            return super().decide(task, machine, telemetry)
+    policy = Recording()
+    agent = Agent(policy=policy, machine="local-cpu", backend="cpu")
+    agent.optimize(TASK)
+    assert policy.seen.capacity[0] == pytest.approx(1 / 3)
+    agent.optimize(TASK)
+    assert calls == ["cpu"]                    # still young: read once
+    monkeypatch.setattr(runtime, "LIVE_MAX_AGE_S", 0.0)
+    agent.optimize(TASK)
+    assert calls == ["cpu", "cpu"] and agent._backend is None
+    none = Agent(policy=policy, machine="local-cpu", backend="cpu", telemetry=None)
+    none.optimize(TASK)
+    assert policy.seen is None and calls == ["cpu", "cpu"]
+
+
+def test_auto_goes_on_without_telemetry_it_cannot_read_and_says_so(monkeypatch):
+    from lib.platform.telemetry import TelemetryError
+
+    calls = _count_reads(monkeypatch,
+                         error=TelemetryError("NVML telemetry: no driver"))
+    agent = Agent(policy=EqualSplit(), machine="local-cpu", backend="cuda")
+    assert agent.optimize(TASK).gpus and agent.telemetry is None
+    assert agent.notes() == ["deciding without telemetry: NVML telemetry: "
+                             "no driver"]
+    assert calls == ["cuda"]                   # not tried again each decision
+    live = Agent(policy=EqualSplit(), machine="local-cpu", backend="cuda",
+                 telemetry="live")
+    with pytest.raises(TelemetryError, match="no driver"):
+        live.optimize(TASK)
+
+
+def test_live_telemetry_needs_real_devices_and_a_known_word(monkeypatch):
+    from lib.platform.telemetry import TelemetryError
+
+    calls = _count_reads(monkeypatch, _first_core_busy())
+    with pytest.raises(TelemetryError, match="hetero-4 is simulated"):
+        Agent(machine="hetero-4", telemetry="live")
+    with pytest.raises(ValueError, match="telemetry 'yes'"):
+        Agent(machine="hetero-4", telemetry="yes")
+    # on the model backend, live reads the machine's real devices
+    Agent(policy=EqualSplit(), machine="local-cpu", telemetry="live").optimize(TASK)
+    assert calls == ["cpu"]
+
+
+def test_a_snapshot_with_another_device_count_is_refused(monkeypatch):
+    import lib.runtime as runtime
+    from lib.platform.telemetry import TelemetryError
+
+    machine = load_machine("local-cpu")
+    one_too_many = Snapshot("local-cpu", (0.0,) * (machine.n + 1),
+                            (1e9,) * (machine.n + 1), (True,) * (machine.n + 1),
+                            measured=True)
+    monkeypatch.setattr(runtime, "local_cpu_snapshot", lambda *a, **k: one_too_many)
+    with pytest.raises(TelemetryError, match=f"reports {machine.n + 1} device"):
+        runtime.live_snapshot(machine, "cpu")
+    with pytest.raises(TelemetryError, match="'model' has no devices"):
+        runtime.live_snapshot(machine, "model")
+
+
+@pytest.mark.serial
+def test_a_busy_core_is_decided_for_and_learned_from_at_its_capacity(
+        local_cpu, tmp_path, monkeypatch):
+    """With a process spinning on the first core, the default agent on the cpu
+    backend gives that core less than the others and its run teaches the
+    history what the busy core's shard felt; decided as if idle (telemetry
+    None), the same run would teach the history that the core is slow."""
+    from lib.costmodel.history import History
+    from lib.execution.load import CoreLoad
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    if local_cpu.n < 2:
+        pytest.skip("one core: nothing to move work to")
+    task = TaskSpec("elementwise", {"N": 1 << 22})
+    load = CoreLoad(_core(0))
+    load.start()
+    try:
+        with Agent(machine="local-cpu", backend="cpu") as agent:
+            decision = agent.optimize(task)
+            assert agent.telemetry.capacity[0] <= 0.6
+            agent.execute(task, decision)
+        history = History.load("local-cpu")
+        assert any(f.device == 0 for f in history.felt.values())
+        assert history.speeds_kept == {}
+        with Agent(machine="local-cpu", backend="cpu", telemetry=None) as blind:
+            blind.execute(task, blind.optimize(task))
+        assert History.load("local-cpu").speeds_kept   # the mislearning
+    finally:
+        load.stop()
+    pos = decision.gpus.index(0)
+    assert decision.shares[pos] < max(decision.shares) - 0.1
+
+
+def _core(device: int) -> int:
+    import os
+    return sorted(os.sched_getaffinity(0))[device]

@@ -77,6 +77,7 @@ BAD_INPUT = (("lib.cli.common", "UsageError"), ("lib.contract", "ContractError")
              ("lib.platform.machines", "MachineError"),
              ("lib.runtime", "DecisionRejected"),
              ("lib.execution.base", "BackendUnavailable"),
+             ("lib.platform.telemetry", "TelemetryError"),
              ("lib.storage", "StorageError"),
              ("lib.costmodel.parameters", "CalibrationError"),
              ("lib.security.seal", "SealError"),

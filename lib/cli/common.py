@@ -196,6 +196,44 @@ def add_seed(p: argparse.ArgumentParser, what: str = "random numbers") -> None:
                    help=f"seed of the {what} (default: %(default)s)")
 
 
+#: ``--telemetry`` choices: the runtime's (:class:`lib.runtime.Agent`).
+TELEMETRY_CHOICES = ("auto", "live", "none")
+
+
+def add_telemetry(p: argparse.ArgumentParser, runs: bool) -> None:
+    """``--telemetry auto|live|none``: whether the decision is made under the
+    devices' state read now; ``runs``: the command runs the decision, so
+    ``auto`` reads them on a measuring backend."""
+    auto = ("auto reads them when the task runs on a measuring backend "
+            "(cpu, cuda, dask) and goes on without where they cannot be read"
+            if runs else "auto (as none: nothing runs here)")
+    p.add_argument("--telemetry", default="auto", choices=TELEMETRY_CHOICES,
+                   help="decide under the devices' state read now (on CPU "
+                        "cores: what other processes leave of each, MEASURED): "
+                        f"{auto}; live reads them or fails in one line (on the "
+                        "model backend: the machine's real devices); none "
+                        "decides as if they were idle (default: %(default)s)")
+
+
+def telemetry_from_args(args: argparse.Namespace) -> str | None:
+    """``--telemetry`` as :class:`lib.runtime.Agent` takes it."""
+    return None if args.telemetry == "none" else args.telemetry
+
+
+def describe_telemetry(snap: Any) -> str | None:
+    """One line on the snapshot a decision was made under (None: none)."""
+    if snap is None:
+        return None
+    tag = "MEASURED" if snap.measured else "given"
+    if snap.capacity is not None:
+        what = "capacity " + " ".join(f"{c:.2f}" for c in snap.capacity)
+    else:
+        what = "utilisation " + " ".join(f"{u:.2f}" for u in snap.utilisation)
+    down = [str(i) for i, ok in enumerate(snap.healthy) if not ok]
+    return (f"{tag} {snap.source}: {what} (device order)"
+            + (f"; unhealthy: {', '.join(down)}" if down else ""))
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     """``--json``: print JSON instead of text."""
     p.add_argument("--json", action="store_true", help="print JSON instead of text")

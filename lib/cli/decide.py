@@ -16,8 +16,11 @@ from lib.cli.common import (
     add_policy,
     add_task_file,
     add_task_options,
+    add_telemetry,
+    describe_telemetry,
     policy_from_args,
     task_from_args,
+    telemetry_from_args,
 )
 
 HELP = "the decision for a task as JSON (for programs: C++, CUDA, scripts)"
@@ -29,12 +32,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "decide", help=HELP,
         description="Decide how to split a task and print only "
                     '{"task", "machine", "policy", "decision"} as JSON: the '
-                    "decision hashed and accepted by Gate 1. No prediction is "
-                    "computed; kernels/gpuhive/decision.hpp reads this output.")
+                    "decision hashed and accepted by Gate 1 (with --telemetry "
+                    "live, also the devices' state it was decided under). No "
+                    "prediction is computed; kernels/gpuhive/decision.hpp reads "
+                    "this output.")
     add_task_options(p)
     add_task_file(p)
     add_machine(p)
     add_policy(p)
+    add_telemetry(p, runs=False)
     p.set_defaults(run=run)
     return p
 
@@ -44,10 +50,14 @@ def run(args: argparse.Namespace) -> int:
     from lib.runtime import Agent
 
     task = task_from_args(args)
-    agent = Agent(policy=policy_from_args(args), machine=args.machine)
+    agent = Agent(policy=policy_from_args(args), machine=args.machine,
+                  telemetry=telemetry_from_args(args))
+    snap = agent.telemetry
     decision = agent.optimize(task)
-    json.dump({"task": task.to_json(), "machine": agent.machine.name,
-               "policy": agent.policy.name, "decision": decision.to_json()},
-              sys.stdout, indent=2)
+    doc = {"task": task.to_json(), "machine": agent.machine.name,
+           "policy": agent.policy.name, "decision": decision.to_json()}
+    if snap is not None:  # --telemetry live: what it was decided under
+        doc["telemetry"] = describe_telemetry(snap)
+    json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

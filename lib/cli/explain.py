@@ -11,11 +11,14 @@ from lib.cli.common import (
     add_policy,
     add_task_file,
     add_task_options,
+    add_telemetry,
     check_calibration,
+    describe_telemetry,
     emit,
     fmt_seconds,
     policy_from_args,
     task_from_args,
+    telemetry_from_args,
 )
 
 HELP = "the decision for a task and its predicted per-device breakdown"
@@ -32,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_task_file(p)
     add_machine(p)
     add_policy(p)
+    add_telemetry(p, runs=False)
     add_json(p)
     p.set_defaults(run=run)
     return p
@@ -61,17 +65,23 @@ def run(args: argparse.Namespace) -> int:
 
     task = task_from_args(args)
     check_calibration(args.machine)
-    agent = Agent(policy=policy_from_args(args), machine=args.machine)
+    agent = Agent(policy=policy_from_args(args), machine=args.machine,
+                  telemetry=telemetry_from_args(args))
     params = params_for(agent.machine.name)
+    snap = agent.telemetry
+    # every figure below is priced under what the policy decided under
+    view = agent.seen_by_policy(task, snap)
     decision = agent.optimize(task)
-    pred = predict(task, decision, agent.machine, params=params)
-    equal = EqualSplit().decide(task, agent.machine).with_hash(task)
-    ref = predict(task, equal, agent.machine, params=params) \
-        if check_decision(equal, task, agent.machine).accepted else None
+    pred = predict(task, decision, agent.machine, view, params=params)
+    equal = EqualSplit().decide(task, agent.machine, view).with_hash(task)
+    ref = predict(task, equal, agent.machine, view, params=params) \
+        if check_decision(equal, task, agent.machine, snap).accepted else None
+    seen = describe_telemetry(snap)
     lines = [f"task        {task.describe()} on {agent.machine.name}"
              f"{' (simulated)' if agent.machine.simulated else ''}",
              f"policy      {agent.policy.name}",
              *(f"note        {note}" for note in agent.notes()),
+             *([f"telemetry   {seen}"] if seen else []),
              f"decision    {decision.describe()}",
              f"config_hash {decision.config_hash}",
              f"PREDICTED breakdown (model backend, cost model Eq. (1), "
@@ -82,13 +92,13 @@ def run(args: argparse.Namespace) -> int:
         summary += (f"  (equal split: {fmt_seconds(ref.total)}, "
                     f"{ref.total / pred.total:.2f}x)")
     lines.append(summary)
-    best = optimum(task, agent.machine, params=params)
+    best = optimum(task, agent.machine, view, params=params)
     lines.append(f"exhaustive optimum: {fmt_seconds(best.total)} "
                  f"({best.decision.describe()}); this decision takes "
                  f"{pred.total / best.total:.2f}x of it")
     emit(args, {"task": task.to_json(), "machine": agent.machine.name,
                 "policy": agent.policy.name, "notes": agent.notes(),
-                "decision": decision.to_json(),
+                "telemetry": seen, "decision": decision.to_json(),
                 "prediction": pred.to_json(),
                 "equal_split_seconds": ref.total if ref else None,
                 "optimum_seconds": best.total,

@@ -14,15 +14,18 @@ from lib.cli.common import (
     add_seed,
     add_task_file,
     add_task_options,
+    add_telemetry,
     check_calibration,
     count_type,
     decided_for,
+    describe_telemetry,
     emit,
     fmt_seconds,
     policy_from_args,
     read_json,
     repeats_type,
     task_from_args,
+    telemetry_from_args,
 )
 from lib.contract import MEASURING_BACKENDS, ContractError
 
@@ -44,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_policy(p)
     add_json(p)
     add_backend(p)
+    add_telemetry(p, runs=True)
     p.add_argument("--decision", metavar="FILE",
                    help="run this decision instead of the policy's: a decision "
                         "JSON (give its task too), or what gpuhive decide "
@@ -84,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         else None
     check_calibration(args.machine)
     agent = Agent(policy=policy_from_args(args), machine=args.machine,
-                  backend=args.backend, **backend_options(args))
+                  backend=args.backend, telemetry=telemetry_from_args(args),
+                  **backend_options(args))
     decision = None
+    snap = None
     try:
         task = given
         if args.decision:  # a decision alone, or gpuhive decide's output
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 decision = Decision.from_json(obj)
             except ContractError as exc:
                 raise UsageError(f"decision file {args.decision}: {exc}") from None
+        snap = agent.telemetry  # read now; the decision and the run share it
         if decision is None:
             decision = agent.optimize(task)
         elif args.rehash:
@@ -110,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
         agent.close()
     m = result.metrics
     tag = "MEASURED" if m.measured else "PREDICTED"
+    seen = describe_telemetry(snap)
     lines = [f"{m.label} {task.describe()} on {agent.machine.name}",
+             *(f"note      {note}" for note in agent.notes()),
+             f"telemetry {seen or 'none (decided as if every device were idle)'}",
              f"decision  {decision.describe()}",
              f"  {'device':<20} {'share':>6} {'seconds':>10}"]
     for pos, g in enumerate(decision.gpus):
@@ -129,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"verified {str(m.verified).lower()} (max abs error "
                      f"{m.max_abs_error:.3g})")
     emit(args, {"task": task.to_json(), "machine": agent.machine.name,
+                "notes": agent.notes(), "telemetry": seen,
                 "decision": decision.to_json(), "metrics": m.to_json(),
                 "warmup": args.warmup if m.measured else 0},
          "\n".join(lines))

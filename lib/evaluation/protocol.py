@@ -69,19 +69,16 @@ from lib.evaluation.targets import targets
 from lib.execution import get_backend
 from lib.execution.base import run_key
 from lib.execution.load import CoreLoad
-from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import (
     Snapshot,
     busy,
     idle,
-    local_cpu_snapshot,
-    nvml_snapshot,
 )
 from lib.policies.baselines import Policy
 from lib.policies.oracle import optimum
 from lib.policies.registry import POLICIES, make_policy
-from lib.runtime import Agent, DecisionRejected
+from lib.runtime import Agent, DecisionRejected, live_snapshot
 from lib.scoring import bootstrap_ci, decision_latency, geomean, random_tasks, task_set
 
 
@@ -229,12 +226,9 @@ def _core_of(device: int) -> int:
 
 
 def _live_snapshot(machine: Machine, backend: str) -> Snapshot:
-    """What the measured backend's devices look like now (MEASURED)."""
-    if backend == "cpu":
-        return local_cpu_snapshot(machine, interval=0.2, samples=10)
-    if backend == "dask":
-        return dask_snapshot(machine)
-    return nvml_snapshot()
+    """What the measured backend's devices look like now (MEASURED), watched
+    longer than a runtime decision watches them."""
+    return live_snapshot(machine, backend, interval=0.2, samples=10)
 
 
 def _run_state(machine, backend, runner, tasks, state, snap, policies, bar,
