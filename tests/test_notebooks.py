@@ -92,3 +92,5 @@ def test_execution_notebook_on_local_cpu_measures(book_env):
     assert any(f.name == "m08-alone.png" for f in figures)
     executed = (book_env / "out" / nb.name).read_text()
     assert "runs that used the loaded core the median APE is" in executed
+    # the agent on the cpu backend read the cores before it decided
+    assert "telemetry: MEASURED local-cpu, capacity " in executed
