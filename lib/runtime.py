@@ -40,6 +40,7 @@ from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
 from lib.execution import Backend, Result, get_backend
+from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import (
     Snapshot,
@@ -80,7 +81,6 @@ def live_snapshot(machine: Machine, backend: str, *, interval: float = 0.1,
     if backend == "cpu":
         snap = local_cpu_snapshot(machine, interval=interval, samples=samples)
     elif backend == "dask":
-        from lib.platform.dask_cluster import dask_snapshot
         snap = dask_snapshot(machine)
     elif backend == "cuda":
         snap = nvml_snapshot()
