@@ -285,12 +285,17 @@ class Agent:
 
         Raises:
             DecisionRejected: Gate 1 refuses the decision (nothing runs).
+            lib.costmodel.history.HistoryError: the machine's history, which a
+                MEASURED run updates, is not a readable history (nothing runs:
+                the run's result would have nowhere to go but away).
             lib.execution.ExecutionError: a device failed (no partial result).
         """
         snap = self.telemetry  # what the run starts under
         verdict = self.validate(task, decision, snap)
         if not verdict.accepted:
             raise DecisionRejected(verdict)
+        if self.backend.measured:
+            History.peek(self.machine.name)  # refuses a malformed file first
         result = self.backend.run(task, decision, verify=verify)
         if result.metrics.measured:  # MEASURED runs teach; PREDICTED ones cannot
             record_run(task, decision, result, snap, self.machine,

@@ -174,6 +174,30 @@ def test_cli_with_no_history_names_the_machines_that_have_some(capsys):
     assert json.loads(capsys.readouterr().out)["histories_kept"] == ["box"]
 
 
+def test_cli_forget_removes_a_history_and_says_what_it_held(capsys):
+    h = History("box")
+    for _ in range(3):
+        h.update(*_run({0: 0.5}))
+    h.save()
+    History("other").save()
+    assert history_cli.run(_cli(["--machine", "box", "--forget", "--json"])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["removed"] is True and out["runs"] == 3
+    assert not history_path("box").exists() and history_path("other").exists()
+    assert history_cli.run(_cli(["--machine", "box", "--forget"])) == 0
+    assert "none to forget" in capsys.readouterr().out
+
+
+def test_cli_forget_removes_a_malformed_history_the_error_names():
+    path = history_path("box")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    with pytest.raises(HistoryError, match="gpuhive history --machine box --forget"):
+        History.load("box")
+    assert history_cli.run(_cli(["--machine", "box", "--forget"])) == 0
+    assert not path.exists() and len(History.load("box")) == 0
+
+
 # --------------------------------------------------------------------------
 # What shards of a given length felt on a contended device
 

@@ -357,3 +357,33 @@ def test_a_busy_core_is_decided_for_and_learned_from_at_its_capacity(
 def _core(device: int) -> int:
     import os
     return sorted(os.sched_getaffinity(0))[device]
+
+
+def test_a_malformed_history_stops_a_measured_run_before_it_starts(tmp_path,
+                                                                  monkeypatch):
+    """A MEASURED run updates the machine's history: where that file is not a
+    history, the run is refused before any work (its result would be lost),
+    and the file is left as it was."""
+    from lib.costmodel.history import HistoryError, history_path
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path))
+    path = history_path("local-cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+
+    class Measuring:
+        name, measured, runs = "cpu", True, 0
+
+        def run(self, task, decision, verify=False):
+            self.runs += 1
+            raise AssertionError("ran")
+
+        def close(self):
+            pass
+    backend = Measuring()
+    agent = Agent(policy=EqualSplit(), machine="local-cpu", backend=backend,
+                  telemetry=None)
+    small = TaskSpec("elementwise", {"N": 1000})
+    with pytest.raises(HistoryError, match="malformed history"):
+        agent.execute(small, agent.optimize(small))
+    assert backend.runs == 0 and path.read_text() == "{not json"

@@ -31,8 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "what a run cost the device beyond its time on the shard "
                     "(waking its worker, handing over the job and the result), "
                     "which the runtime adds to a short shard on a device dearer "
-                    "than the cheapest.")
+                    "than the cheapest. --forget removes it all, so the runtime "
+                    "learns the machine afresh from its next run (after new "
+                    "hardware, or a history that no longer fits it).")
     add_machine(p, default=LOCAL_MACHINE)
+    p.add_argument("--forget", action="store_true",
+                   help="remove the machine's history (a malformed one too) "
+                        "and say what it held")
     add_json(p)
     p.set_defaults(run=run)
     return p
@@ -65,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from lib.costmodel.overhead import FREE_BAND, METHOD_OVERHEAD
     from lib.costmodel.speed import METHOD_SPEED
 
+    if args.forget:
+        return forget(args)
     history = History.load(args.machine)
     obj = history.to_json()
     obj["path"] = str(history.path)
@@ -134,4 +141,28 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  method: {METHOD_OVERHEAD}")
         text = "\n".join(lines)
     emit(args, obj, text)
+    return 0
+
+
+def forget(args: argparse.Namespace) -> int:
+    """Remove the machine's history file and say what it held; exit 0 (a
+    machine with none has nothing to forget, and says so)."""
+    from lib.costmodel.history import History, HistoryError, history_path
+
+    path = history_path(args.machine)
+    if not path.is_file():
+        emit(args, {"machine": args.machine, "path": str(path), "removed": False},
+             f"history of {args.machine}: none to forget ({path})")
+        return 0
+    try:
+        held = History.load(args.machine)
+        runs = sum(f.runs for f in held.figures.values())
+        what = f"{len(held)} rate(s) from {runs} MEASURED shard run(s)"
+    except HistoryError:
+        runs, what = None, "a malformed file"
+    path.unlink()
+    emit(args, {"machine": args.machine, "path": str(path), "removed": True,
+                "runs": runs},
+         f"history of {args.machine}: forgot {what} (removed {path}); the "
+         "runtime learns it afresh from its next MEASURED run")
     return 0

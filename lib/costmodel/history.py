@@ -503,7 +503,8 @@ def _read(path: Path, machine: str, data: bytes | None = None
     malformed. ``data``: the file's bytes, already read."""
     def bad(what: str) -> HistoryError:
         return HistoryError(f"{path}: malformed history ({what}); not used and "
-                            "not overwritten: move it aside")
+                            "not overwritten: move it aside, or remove it with "
+                            f"gpuhive history --machine {machine} --forget")
 
     try:
         obj = json.loads(data if data is not None else path.read_text())
