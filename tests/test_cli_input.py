@@ -326,3 +326,30 @@ def test_codegen_replays_a_stored_answer_and_names_the_check_that_refused(tmp_pa
     assert "[TEMPLATE] provider=template" in done.stdout
     assert "fallback recorded rejected: Gate 2a:" in done.stdout
     assert "[token.os_call]" in done.stdout
+
+
+@pytest.mark.parametrize("command", [
+    ("characterise", "--machine", "local-cpu", "--budget", "smoke",
+     "--out", "{f}/x.json"),
+    ("sweep", "--machine", "local-cpu", "--out", "{f}/x.json"),
+    ("evaluate", "--budget", "smoke", "--markdown", "{f}/x.md"),
+    ("train", "--budget", "smoke", "--out", "{f}"),
+    ("train", "--budget", "smoke", "--out", "{f}/run"),
+    ("server-setup", "--out", "{f}/report"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(
+        tmp_path, command):
+    """What a command writes when it ends is checked before it starts: a
+    characterisation or an evaluation of minutes was measured and then lost
+    to a traceback when its --out could not be written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    home = tmp_path / "home"
+    p = gpuhive(*(a.format(f=blocker) for a in command),
+                env={**os.environ, "GPUHIVE_HOME": str(home)})
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    option = next(command[i - 1] for i, a in enumerate(command) if "{f}" in a)
+    assert lines[0].startswith(f"gpuhive: error: {option} {blocker}"), p.stderr
+    assert blocker.read_text() == "not a folder"
+    assert not (home / "characterisation").exists()   # nothing was measured

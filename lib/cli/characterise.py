@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from lib.cli.common import (
     LOCAL_MACHINE,
@@ -15,6 +14,7 @@ from lib.cli.common import (
     add_seed,
     count_type,
     emit,
+    output_file,
 )
 
 HELP = "measure what a profile only estimates (runs real workloads)"
@@ -47,10 +47,11 @@ def run(args: argparse.Namespace) -> int:
     """Measure and write the runs; exit 0."""
     from lib.execution.characterise import CharacterisationError, characterise
 
+    out = output_file(args.out, "--out") if args.out else None
     try:
         obj = characterise(args.machine, args.backend, budget=args.budget,
                            seed=args.seed, progress=not args.json,
-                           out=Path(args.out) if args.out else None,
+                           out=out,
                            induce_load=args.induce_load)
     except CharacterisationError as exc:
         raise UsageError(str(exc)) from None

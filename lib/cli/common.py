@@ -14,6 +14,7 @@ import json
 import math
 import os
 import stat
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -383,6 +384,51 @@ def load_file(path: str | os.PathLike, what: str,
         return parse(obj)
     except ContractError as exc:
         raise UsageError(f"{what} file {path}: {exc}") from None
+
+
+def _writable_folder(folder: Path, option: str, given: str) -> None:
+    """Make ``folder`` (and its parents) and write a file in it, or raise
+    UsageError naming ``option``: what a command will write at its end is
+    checked before it starts (``os.access`` says yes to root everywhere, so
+    a file is made and removed)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpuhive-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {given}: cannot write in {folder} "
+                         f"({exc.strerror or exc})") from None
+
+
+def output_file(path: str | os.PathLike, option: str) -> Path:
+    """``path`` as a file a command writes when it ends, checked before it
+    starts: not a folder, and in a folder this user can write (made if
+    missing).
+
+    Raises:
+        UsageError: naming ``option`` and the path.
+    """
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{option} {path}: a folder; give a file's path")
+    _writable_folder(out.parent, option, str(path))
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+    return out
+
+
+def output_folder(path: str | os.PathLike, option: str) -> Path:
+    """``path`` as a folder a command writes into, checked (and made) before
+    it starts.
+
+    Raises:
+        UsageError: naming ``option`` and the path.
+    """
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {path}: a file, not a folder")
+    _writable_folder(out, option, str(path))
+    return out
 
 
 #: The fields of what ``gpuhive decide`` prints (and ``gpuhive explain

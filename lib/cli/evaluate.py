@@ -15,6 +15,7 @@ from lib.cli.common import (
     add_seed,
     check_calibration,
     input_file,
+    output_file,
     repeats_type,
 )
 
@@ -66,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--policy: {exc}") from None
     if args.markdown:
-        out = Path(args.markdown)
-        if out.is_dir() or not out.parent.is_dir():
-            raise UsageError(f"--markdown {args.markdown}: not a file in an "
-                             "existing folder")
+        output_file(args.markdown, "--markdown")
     check_calibration(args.machine)
     from lib.evaluation import evaluate
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lib.cli.common import UsageError, add_json
+from lib.cli.common import add_json, output_folder
 
 HELP = "set up a GPU server and check it worked (environment, doctor, GPU proof, "\
     "characterisation, calibration)"
@@ -131,9 +131,7 @@ def run(args: argparse.Namespace) -> int:
             for i, r in enumerate(rows, 1):
                 print(f"{i}. {r['step']:<13} {r['what']}\n   {r['command']}")
         return 0
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out, "--out")  # made, and written in, before any step
     results: dict[str, dict[str, Any]] = {}
     for s in plan:
         start = time.perf_counter()

@@ -22,6 +22,7 @@ from lib.cli.common import (
     emit,
     finite_float,
     fmt_seconds,
+    output_file,
     repeats_type,
 )
 from lib.contract import TaskSpec, decision_from_weights
@@ -106,8 +107,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     """Print the rows; exit 0 if every row verified, else 1."""
+    out = output_file(args.out, "--out") if args.out else None
     report = sweep(args.machine, args.backend, scale=args.scale,
-                   repeats=args.repeats, out=Path(args.out) if args.out else None)
+                   repeats=args.repeats, out=out)
     lines = [f"sweep on {report['machine']} ({args.backend} backend), "
              f"{report['wall_seconds']:.1f} s"]
     for r in report["rows"]:

@@ -14,6 +14,7 @@ from lib.cli.common import (
     add_seed,
     check_calibration,
     count_type,
+    output_folder,
 )
 from lib.contract import BACKENDS
 
@@ -85,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
                          pretrain_steps=args.pretrain_steps,
                          finetune_steps=args.finetune_steps,
                          finetune_backend=args.finetune_backend)
-    out = Path(args.out or f"_build/train/{Path(args.machine).stem}-{args.budget}-"
-                           f"{args.seed}")
+    out = output_folder(args.out or f"_build/train/{Path(args.machine).stem}-"
+                        f"{args.budget}-{args.seed}", "--out")
     result = train(config, out, progress=not args.json, resume=not args.fresh)
     saved = out / "policy.npz"
     if args.json:
