@@ -13,14 +13,17 @@
 logged, diffed, hand-written or loaded from JSON in between. ``execute`` checks
 every decision with Gate 1 whatever its origin, and never runs a rejected one.
 
-On a measuring backend (``cpu``, ``cuda``, ``dask``) the agent reads its
-devices' state itself (``telemetry="auto"``, the default): a snapshot of what
-each device has free now (:func:`live_snapshot`: on CPU cores the share of the
-core another process leaves, MEASURED), read again before a decision once the
-last is :data:`LIVE_MAX_AGE_S` old. The policy decides under it, Gate 1
+On the ``cpu`` and ``cuda`` backends the agent reads its devices' state
+itself (``telemetry="auto"``, the default): a snapshot of what each device has
+free now (:func:`live_snapshot`: on CPU cores the share of the core other
+processes leave, on GPUs what their compute processes leave, MEASURED, our
+own workers not counted), read again before a decision once the last is
+:data:`LIVE_MAX_AGE_S` old. The policy decides under it, Gate 1
 checks against it, and the run it starts teaches the history at the capacity
 it really had; without it a busy core is decided for as a free one, and its
-slow runs would teach the history that the core is slow.
+slow runs would teach the history that the core is slow. A Dask worker's
+heartbeat counts the shards we ran on it as its load, so on the ``dask``
+backend ``"auto"`` reads nothing (``"live"`` reads the scheduler's view).
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ from lib.security import Verdict, check_decision
 #: ``Agent(telemetry=...)``: read the devices now, and fail if they cannot be.
 LIVE = "live"
 #: ``Agent(telemetry=...)``, the default: read them live where the decision runs
-#: on a measuring backend, else decide without telemetry.
+#: on a backend whose telemetry leaves our own work out, else decide without.
 AUTO = "auto"
+#: The backends ``"auto"`` reads live: their telemetry tells other processes'
+#: load from ours (a Dask worker's heartbeat does not).
+AUTO_LIVE_BACKENDS = ("cpu", "cuda")
 #: A live snapshot this young (seconds) serves the next decision too; reading
 #: one watches the cores for a tenth of a second.
 LIVE_MAX_AGE_S = 2.0
@@ -123,9 +129,9 @@ class Agent:
             every device were idle); ``"live"`` (read the devices before each
             decision, :func:`live_snapshot`, on the measuring backend given or,
             on the model backend, the machine's first real one); or ``"auto"``
-            (default: ``"live"`` on a measuring backend, ``None`` on the model
-            backend or where the devices cannot be read, which
-            :meth:`notes` then says).
+            (default: ``"live"`` on the ``cpu`` and ``cuda`` backends, whose
+            telemetry leaves our own work out; ``None`` on the others, and
+            where the devices cannot be read, which :meth:`notes` then says).
         backend_options: passed to the backend (``seed``, ``repeats``...).
 
     Raises:
@@ -158,7 +164,7 @@ class Agent:
             raise ValueError(f"telemetry {telemetry!r}: expected a Snapshot, "
                              f"None, {LIVE!r} or {AUTO!r}")
         name = backend if isinstance(backend, str) else getattr(backend, "name", "")
-        if name in MEASURING_BACKENDS:
+        if name in (AUTO_LIVE_BACKENDS if self._auto else MEASURING_BACKENDS):
             self._live_backend = name
         elif telemetry == LIVE:
             real = tuple(getattr(self.machine, "real_backends", ()) or ())

@@ -247,8 +247,9 @@ def _count_reads(monkeypatch, snap=None, error=None):
     return calls
 
 
-def test_auto_reads_the_devices_on_a_measuring_backend_only(monkeypatch):
-    """On the model backend nothing is read; on the cpu backend the policy
+def test_auto_reads_the_devices_on_the_cpu_and_cuda_backends(monkeypatch):
+    """On the model backend nothing is read, nor on dask unless asked; on the
+    cpu backend the policy
     decides under the snapshot read now, one read serving the decisions of
     the next LIVE_MAX_AGE_S seconds (the backend itself never starts)."""
     import lib.runtime as runtime
@@ -275,6 +276,13 @@ def test_auto_reads_the_devices_on_a_measuring_backend_only(monkeypatch):
     none = Agent(policy=policy, machine="local-cpu", backend="cpu", telemetry=None)
     none.optimize(TASK)
     assert policy.seen is None and calls == ["cpu", "cpu"]
+    # a Dask worker's heartbeat counts our own shards as load: read only if asked
+    dask = Agent(policy=policy, machine="local-cpu", backend="dask")
+    dask.optimize(TASK)
+    assert policy.seen is None and calls == ["cpu", "cpu"]
+    Agent(policy=policy, machine="local-cpu", backend="dask",
+          telemetry="live").optimize(TASK)
+    assert calls == ["cpu", "cpu", "dask"]
 
 
 def test_auto_goes_on_without_telemetry_it_cannot_read_and_says_so(monkeypatch):

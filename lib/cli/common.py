@@ -205,9 +205,10 @@ def add_telemetry(p: argparse.ArgumentParser, runs: bool) -> None:
     """``--telemetry auto|live|none``: whether the decision is made under the
     devices' state read now; ``runs``: the command runs the decision, so
     ``auto`` reads them on a measuring backend."""
-    auto = ("auto reads them when the task runs on a measuring backend "
-            "(cpu, cuda, dask) and goes on without where they cannot be read"
-            if runs else "auto (as none: nothing runs here)")
+    auto = ("auto reads them when the task runs on the cpu or cuda backend "
+            "(whose telemetry leaves our own workers out) and goes on without "
+            "where they cannot be read" if runs
+            else "auto (as none: nothing runs here)")
     p.add_argument("--telemetry", default="auto", choices=TELEMETRY_CHOICES,
                    help="decide under the devices' state read now (on CPU "
                         "cores: what other processes leave of each, MEASURED): "
