@@ -131,7 +131,9 @@ class Agent:
             on the model backend, the machine's first real one); or ``"auto"``
             (default: ``"live"`` on the ``cpu`` and ``cuda`` backends, whose
             telemetry leaves our own work out; ``None`` on the others, and
-            where the devices cannot be read, which :meth:`notes` then says).
+            where the devices cannot be read or the reading has no capacity,
+            only a utilisation that counts our own runs (NVML listing no
+            compute processes), which :meth:`notes` then says).
         backend_options: passed to the backend (``seed``, ``repeats``...).
 
     Raises:
@@ -189,6 +191,10 @@ class Agent:
         if self._live is None or now - self._live[0] > LIVE_MAX_AGE_S:
             try:
                 snap = live_snapshot(self.machine, self._live_backend)
+                if self._auto and snap.capacity is None:
+                    raise TelemetryError(
+                        f"{snap.source} telemetry gives utilisation only, which "
+                        "counts our own runs as load (telemetry='live' uses it)")
             except TelemetryError as exc:
                 if not self._auto or self._live is not None:
                     raise

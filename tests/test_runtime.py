@@ -299,6 +299,16 @@ def test_auto_goes_on_without_telemetry_it_cannot_read_and_says_so(monkeypatch):
                  telemetry="live")
     with pytest.raises(TelemetryError, match="no driver"):
         live.optimize(TASK)
+    # a reading without capacity (NVML listing no compute processes) has only
+    # a utilisation that counts our own kernels: auto leaves it, live uses it
+    n = load_machine("local-cpu").n
+    util_only = Snapshot("nvml", (0.9,) * n, (1e9,) * n, (True,) * n, measured=True)
+    _count_reads(monkeypatch, util_only)
+    agent = Agent(policy=EqualSplit(), machine="local-cpu", backend="cuda")
+    assert agent.telemetry is None and "utilisation only" in agent.notes()[0]
+    live = Agent(policy=EqualSplit(), machine="local-cpu", backend="cuda",
+                 telemetry="live")
+    assert live.telemetry is util_only
 
 
 def test_live_telemetry_needs_real_devices_and_a_known_word(monkeypatch):
