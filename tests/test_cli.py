@@ -197,6 +197,9 @@ def test_doctor_reports_backends():
     assert "hetero-4" in out["machines"]
     if not out["backends"]["cuda"]["real"]:
         assert out["cuda_reasons"] and out["missing"]["driver"]
+    assert out["backends"]["dask"]["real"] is True   # a dependency of the project
+    # what the runtime would read before a decision on the cpu backend, now
+    assert out["telemetry"]["cpu"].startswith("MEASURED local-cpu: capacity ")
 
 
 def test_doctor_checks_a_profile_of_ones_own(tmp_path):

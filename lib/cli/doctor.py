@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 from lib.cli.common import add_json, emit
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         nvml_reason = str(exc)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else os.cpu_count()
+    has_dask = all(importlib.util.find_spec(m) is not None
+                   for m in ("dask", "distributed"))
     backends = {
         "model": {"real": False, "why": "predicts with the cost model, Eq. (1) "
                                         "(PREDICTED); always available"},
@@ -46,7 +49,13 @@ def run(args: argparse.Namespace) -> int:
         "cuda": {"real": cuda.usable,
                  "why": (f"{cuda.devices} CUDA device(s)" if cuda.usable
                          else "; ".join(cuda.reasons))},
+        "dask": {"real": has_dask,
+                 "why": ("the workers of a Dask cluster (MEASURED): --machine "
+                         "dask-local:N starts N here, dask://HOST:PORT joins one"
+                         if has_dask else "dask and distributed are not "
+                         "installed (pip install 'dask[distributed]')")},
     }
+    telemetry = _telemetry(cuda.usable)
     machines = {}
     for name in list_machines():
         try:
@@ -76,7 +85,32 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"  {name:<6} {state:<7} {info['why']}")
     lines.append("CUDA stack: " + ", ".join(
         f"{k} {'missing' if v else 'ok'}" for k, v in missing.items()))
+    lines.append("telemetry (what run reads before it decides, on the cpu and "
+                 "cuda backends):")
+    lines += [f"  {name:<6} {text}" for name, text in telemetry.items()]
     emit(args, {"machines": machines, "backends": backends, "missing": missing,
+                "telemetry": telemetry,
                 "cuda_reasons": list(cuda.reasons), "nvml": nvml_reason or "ok"},
          "\n".join(lines))
     return 0
+
+
+def _telemetry(gpus: bool) -> dict[str, str]:
+    """What the runtime would read now: this computer's cores and, where a
+    GPU is usable, NVML; one line each, MEASURED or why not."""
+    from lib.cli.common import describe_telemetry
+    from lib.platform.machines import MachineError, load_machine
+    from lib.platform.telemetry import TelemetryError
+    from lib.runtime import live_snapshot
+
+    out = {}
+    for name, backend in (("cpu", "cpu"), ("cuda", "cuda")):
+        if backend == "cuda" and not gpus:
+            out[name] = "no usable GPU"
+            continue
+        try:
+            machine = load_machine("local-cpu" if backend == "cpu" else "nvml")
+            out[name] = describe_telemetry(live_snapshot(machine, backend)) or ""
+        except (TelemetryError, MachineError) as exc:
+            out[name] = f"unavailable: {exc}"
+    return out
