@@ -4,6 +4,14 @@ the helpers that turn them into tasks, policies and output.
 Each shared option is added by one function here, so its spelling, default and
 help text exist in one place; each ``choices=`` comes from the constant that
 owns the vocabulary.
+
+Why one module: the options, the readers of the files they name (bounded,
+strict inputs; outputs checked before the work) and the helpers that turn
+both into tasks and policies answer bad input alike, with one
+:class:`UsageError` naming the option or the file, and the helpers use each
+other (``--task FILE`` is read by the file readers, ``--policy FILE`` checked
+by them). Split, the readers would need the options' error and the options
+the readers.
 """
 
 from __future__ import annotations
