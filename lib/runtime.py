@@ -153,28 +153,7 @@ class Agent:
         self._backend_spec = backend
         self._backend_options = backend_options
         self._backend: Backend | None = None if isinstance(backend, str) else backend
-        self._telemetry_note: str | None = None
-        self._live: tuple[float, Snapshot] | None = None
-        self._fixed: Snapshot | None = None
-        #: the backend whose devices are read live (None: a fixed snapshot)
-        self._live_backend: str | None = None
-        self._auto = telemetry == AUTO
-        if not isinstance(telemetry, str):
-            self._fixed = telemetry
-            return
-        if telemetry not in (LIVE, AUTO):
-            raise ValueError(f"telemetry {telemetry!r}: expected a Snapshot, "
-                             f"None, {LIVE!r} or {AUTO!r}")
-        name = backend if isinstance(backend, str) else getattr(backend, "name", "")
-        if name in (AUTO_LIVE_BACKENDS if self._auto else MEASURING_BACKENDS):
-            self._live_backend = name
-        elif telemetry == LIVE:
-            real = tuple(getattr(self.machine, "real_backends", ()) or ())
-            if not real:
-                raise TelemetryError(f"telemetry 'live': machine "
-                                     f"{self.machine.name} is simulated; it has "
-                                     "no devices to read")
-            self._live_backend = real[0]
+        self.telemetry = telemetry
 
     @property
     def telemetry(self) -> Snapshot | None:
@@ -204,6 +183,36 @@ class Agent:
                 return None
             self._live = (time.monotonic(), snap)
         return self._live[1]
+
+    @telemetry.setter
+    def telemetry(self, telemetry: Snapshot | str | None) -> None:
+        """What the next decisions are made under, as the constructor's
+        ``telemetry`` takes it (a live reading kept so far is dropped)."""
+        self._telemetry_note: str | None = None
+        self._live: tuple[float, Snapshot] | None = None
+        self._fixed: Snapshot | None = None
+        #: the backend whose devices are read live (None: a fixed snapshot)
+        self._live_backend: str | None = None
+        self._auto = isinstance(telemetry, str) and telemetry == AUTO
+        if not isinstance(telemetry, str):
+            self._fixed = telemetry
+            if self._backend is not None and self._backend_spec == "model":
+                self._backend.telemetry = telemetry  # the model predicts under it
+            return
+        if telemetry not in (LIVE, AUTO):
+            raise ValueError(f"telemetry {telemetry!r}: expected a Snapshot, "
+                             f"None, {LIVE!r} or {AUTO!r}")
+        backend = self._backend if self._backend is not None else self._backend_spec
+        name = backend if isinstance(backend, str) else getattr(backend, "name", "")
+        if name in (AUTO_LIVE_BACKENDS if self._auto else MEASURING_BACKENDS):
+            self._live_backend = name
+        elif telemetry == LIVE:
+            real = tuple(getattr(self.machine, "real_backends", ()) or ())
+            if not real:
+                raise TelemetryError(f"telemetry 'live': machine "
+                                     f"{self.machine.name} is simulated; it has "
+                                     "no devices to read")
+            self._live_backend = real[0]
 
     @property
     def backend(self) -> Backend:

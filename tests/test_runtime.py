@@ -405,3 +405,24 @@ def test_a_malformed_history_stops_a_measured_run_before_it_starts(tmp_path,
     with pytest.raises(HistoryError, match="malformed history"):
         agent.execute(small, agent.optimize(small))
     assert backend.runs == 0 and path.read_text() == "{not json"
+
+
+def test_telemetry_can_be_set_after_the_agent_is_made(monkeypatch):
+    """agent.telemetry takes what the constructor takes; a snapshot set on an
+    agent whose model backend already runs is what the model predicts under."""
+    from lib.platform.telemetry import busy as busy_snapshot
+
+    calls = _count_reads(monkeypatch, _first_core_busy())
+    agent = Agent(policy=EqualSplit(), machine="local-cpu")
+    first = agent.execute(TASK, agent.optimize(TASK)).metrics.total_seconds
+    m = load_machine("local-cpu")
+    slow = busy_snapshot(m, [0.9] * m.n)
+    agent.telemetry = slow
+    assert agent.telemetry is slow
+    later = agent.execute(TASK, agent.optimize(TASK)).metrics.total_seconds
+    assert later > first                    # predicted under the busy devices
+    agent.telemetry = "live"                # the model backend: local-cpu's cores
+    assert agent.telemetry.capacity[0] == pytest.approx(1 / 3)
+    assert calls == ["cpu"]
+    with pytest.raises(ValueError, match="telemetry 'often'"):
+        agent.telemetry = "often"
