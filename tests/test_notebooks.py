@@ -94,3 +94,22 @@ def test_execution_notebook_on_local_cpu_measures(book_env):
     assert "runs that used the loaded core the median APE is" in executed
     # the agent on the cpu backend read the cores before it decided
     assert "telemetry: MEASURED local-cpu, capacity " in executed
+
+
+def test_the_books_kernel_talks_encrypted_where_it_can(book_env, capfd):
+    """ipykernel 7 declares CurveZMQ in the kernelspec and warns, once per
+    notebook, when it runs over TCP in plain text; the book starts its
+    kernels with transport encryption on, so the warning is not printed."""
+    import zmq
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from lib.book.build import _kernel_manager_class
+    from lib.book.pages import KERNEL_NAME
+
+    spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    if not (zmq.has("curve")
+            and "curve" in (spec.metadata or {}).get("supported_encryption", ())):
+        pytest.skip("this pyzmq or kernelspec offers no CurveZMQ")
+    assert _kernel_manager_class() is not None
+    _smoke(NOTEBOOKS[0], book_env)
+    assert "without encryption" not in capfd.readouterr().err

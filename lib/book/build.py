@@ -28,6 +28,27 @@ def notebooks(root: Path) -> list[Path]:
     return sorted((root / "notebooks").glob("m*.ipynb"))
 
 
+def _kernel_manager_class() -> type | None:
+    """The kernel manager the book's kernels start under: jupyter_client's
+    own, with its CurveZMQ transport encryption on where the kernelspec
+    declares it (ipykernel 7 does) and pyzmq has Curve; then ipykernel no
+    longer warns, once per notebook, that the kernel talks over TCP in
+    plain text. None (nbclient's default) where either lacks it."""
+    import zmq
+    from jupyter_client import AsyncKernelManager
+    from traitlets import default
+
+    if not (zmq.has("curve") and AsyncKernelManager.class_traits().get(
+            "transport_encryption") is not None):
+        return None
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        @default("transport_encryption")
+        def _auto(self) -> str:
+            return "auto"   # encrypt where the kernel says it can
+    return EncryptedKernelManager
+
+
 def execute_notebook(source: Path, output: Path, *, machine: str, backend: str,
                      budget: str, seed: int, cwd: Path,
                      timeout: int = 1800) -> float:
@@ -43,6 +64,8 @@ def execute_notebook(source: Path, output: Path, *, machine: str, backend: str,
                         "seed": seed},
             cwd=str(cwd), kernel_name=KERNEL_NAME, progress_bar=False,
             execution_timeout=timeout,
+            **({"kernel_manager_class": km} if (km := _kernel_manager_class())
+               else {}),
         )
     except papermill.PapermillExecutionError as exc:
         raise BookError(f"notebook {source.name} failed in cell "
