@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import os
 
-from lib.cli.common import add_json, emit
+from lib.cli.common import add_json, describe_telemetry, emit
 
 HELP = "machine profiles and which backends are real"
 
@@ -98,19 +98,17 @@ def run(args: argparse.Namespace) -> int:
 def _telemetry(gpus: bool) -> dict[str, str]:
     """What the runtime would read now: this computer's cores and, where a
     GPU is usable, NVML; one line each, MEASURED or why not."""
-    from lib.cli.common import describe_telemetry
     from lib.platform.machines import MachineError, load_machine
     from lib.platform.telemetry import TelemetryError
     from lib.runtime import live_snapshot
 
-    out = {}
-    for name, backend in (("cpu", "cpu"), ("cuda", "cuda")):
+    out = {"cpu": "", "cuda": "no usable GPU"}
+    for backend, machine in (("cpu", "local-cpu"), ("cuda", "nvml")):
         if backend == "cuda" and not gpus:
-            out[name] = "no usable GPU"
             continue
         try:
-            machine = load_machine("local-cpu" if backend == "cpu" else "nvml")
-            out[name] = describe_telemetry(live_snapshot(machine, backend)) or ""
+            out[backend] = describe_telemetry(
+                live_snapshot(load_machine(machine), backend))
         except (TelemetryError, MachineError) as exc:
-            out[name] = f"unavailable: {exc}"
+            out[backend] = f"unavailable: {exc}"
     return out
