@@ -161,7 +161,7 @@ CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
     "profile shipped name": ([*EXPLAIN, "--machine", "{d}/shadow.json"], {},
                              "name 'hetero-4' is a shipped profile's"),
     "profile unknown field": ([*EXPLAIN, "--machine", "{d}/typo.json"], {},
-                              "unknown field 'mem_bytes'"),
+                              "unknown field 'memory'"),
     "profile decision over a link without p2p": (
         ["run", "--task", "{d}/task.json", "--decision", "{d}/p2p.json",
          "--rehash", "--machine", "{d}/nop2p.json"], {},
@@ -227,7 +227,7 @@ def build_inputs(d: Path) -> None:
             "nan": {"devices": [{"catalog": "T4", "scale": float("nan")}]},
             "empty": {"devices": []},
             "shadow": {"name": "hetero-4", "devices": [t4]},
-            "typo": {"devices": [{"catalog": "T4", "mem_bytes": 1e6}]},
+            "typo": {"devices": [{"catalog": "T4", "memory": 1e6}]},
             "nop2p": {"devices": [t4, t4], "peers": [
                 {"a": 0, "b": 1, "kind": "pcie3", "p2p": False}]}}.items():
         (d / f"{name}.json").write_text(json.dumps(profile))

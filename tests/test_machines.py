@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import os
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
+from lib.contract import TaskSpec
 from lib.platform.machines import (
     GPU_CATALOG,
     MachineError,
+    catalog_model,
     list_machines,
     load_machine,
     machine_from_json,
+    nvml_machine,
 )
+from lib.platform.telemetry import RecordedNvml
 
 
 def test_shipped_profiles_exist():
@@ -80,6 +85,91 @@ def test_nvml_without_driver_says_why():
         assert str(exc).startswith("nvml:")
 
 
+DATA = Path(__file__).parent / "data"
+
+
+def _recording(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def test_the_live_machine_has_the_nvlink_nvml_counts():
+    """Two A100s joined by three NVLink bridges (12 active links each side)
+    are peers at 12 x 25 GB/s per direction, the card's NVLink rate; memory
+    is what NVML reads, the rest the datasheet's."""
+    box = nvml_machine(RecordedNvml(_recording("nvml_snapshot.json")))
+    assert [d.name for d in box.devices] == ["A100 80GB SXM"] * 2
+    assert box.devices[0].mem_bytes == 85899345920
+    assert box.devices[0].provenance["mem_bytes"] == "measured"
+    assert box.devices[0].peak_fp32 == GPU_CATALOG["A100 80GB SXM"][0]
+    link = box.peer(0, 1)
+    assert link.kind == "nvlink" and link.p2p and link.bandwidth == 300e9
+    assert "12 active NVLink" in link.note
+
+
+def test_fewer_nvlinks_are_a_slower_peer_link():
+    record = _recording("nvml_snapshot.json")
+    for dev in record["devices"]:
+        for lane in range(4, 12):
+            dev["nvlink"][str(lane)]["state"] = 0
+    link = nvml_machine(RecordedNvml(record)).peer(0, 1)
+    assert link.bandwidth == 4 * 25e9 and "4 active NVLink" in link.note
+
+
+def test_cards_the_catalog_lacks_are_read_from_nvml():
+    """An L40S (not in the catalog) is described by what NVML reports: FP32
+    from its cores and highest SM clock, bandwidth from its memory bus and
+    clock, each figure marked an estimate with how it was made. Two cards
+    behind one switch whose peer-to-peer reads work are peers; a card on
+    the other socket is reached through the host."""
+    box = nvml_machine(RecordedNvml(_recording("nvml_unknown_cards.json")))
+    l40s, _, rtx = box.devices
+    assert l40s.name == "L40S" and rtx.name == "RTX 4090"
+    assert l40s.peak_fp32 == pytest.approx(18176 * 2 * 2520e6)
+    assert l40s.mem_bw == pytest.approx(384 / 8 * 9001e6 * 2)
+    assert l40s.peak_fp64 == pytest.approx(l40s.peak_fp32 / 64)
+    assert l40s.tensor_fp16 == 0.0
+    assert l40s.provenance["peak_fp32"] == "estimated"
+    assert "18176 CUDA cores" in l40s.notes["peak_fp32"]
+    assert "compute capability 8.9" in l40s.notes["peak_fp64"]
+    assert box.host_link(0).kind == "pcie4"
+    assert rtx.peak_fp32 == GPU_CATALOG["RTX 4090"][0]
+    assert box.peer(0, 1).p2p and box.peer(0, 1).kind == "pcie4"
+    assert box.peer(0, 2) is None and box.peer(1, 2) is None
+
+
+def test_peer_reads_refused_by_nvml_leave_two_cards_without_a_peer_link():
+    record = _recording("nvml_unknown_cards.json")
+    record["p2p_read"] = [[False] * 3 for _ in range(3)]
+    assert nvml_machine(RecordedNvml(record)).peer(0, 1) is None
+    del record["p2p_read"]   # no status: one switch is taken to allow it
+    assert nvml_machine(RecordedNvml(record)).peer(0, 1).p2p
+    record["topology"][0][1] = record["topology"][1][0] = 40   # host bridge
+    assert nvml_machine(RecordedNvml(record)).peer(0, 1) is None
+
+
+def test_a_card_nvml_cannot_describe_is_one_line_naming_it():
+    record = _recording("nvml_unknown_cards.json")
+    del record["devices"][1]["cores"]
+    with pytest.raises(MachineError) as err:
+        nvml_machine(RecordedNvml(record))
+    text = str(err.value)
+    assert text.startswith("nvml: GPU 1 ('NVIDIA L40S') is not in the catalog")
+    assert "profile of your own" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(("name", "model"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB PCIe"), ("Tesla V100-SXM2-32GB",
+                                                   "V100 SXM2 32GB"),
+    ("Tesla T4", "T4"), ("NVIDIA L4", "L4"), ("NVIDIA A10", "A10"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA L40S", None), ("NVIDIA L40", None), ("NVIDIA A10G", None),
+    ("NVIDIA GH200 480GB", None), ("NVIDIA RTX A4000", None)])
+def test_nvml_names_map_onto_the_catalog_by_whole_words(name, model):
+    assert catalog_model(name) == model
+
+
 def test_malformed_profile_is_named():
     with pytest.raises(MachineError, match="profile broken"):
         machine_from_json({"name": "broken", "devices": [{"model": "x"}]})
@@ -107,10 +197,39 @@ LINK = {"a": 0, "b": 1, "kind": "pcie3"}
     ({"peers": [{**LINK, "b": 1.9}]}, "b must be a whole number"),
     ({"peers": [{**LINK, "a": 1}]}, "links device 1 to itself"),
     ({"peers": [LINK, {**LINK, "a": 1, "b": 0}]}, "linked twice"),
-    ({"peers": [{**LINK, "latency": 1.0}]}, "unknown field 'latency'"),
+    ({"peers": [{**LINK, "latency": -1.0}]}, "peer 0-1 latency"),
+    ({"peers": [{**LINK, "speed": 1.0}]}, "unknown field 'speed'"),
     ({"typo_nccl": True}, "unknown field 'typo_nccl'"),
-    ({"devices": [{"catalog": "T4", "mem_bytes": 1e6}, T4]},
-     "device 0: unknown field 'mem_bytes'"),
+    ({"devices": [{"catalog": "T4", "memory": 1e6}, T4]},
+     "device 0: unknown field 'memory'"),
+    ({"devices": [{"name": "X1", "peak_fp32": 1e13, "mem_bytes": 1e10}, T4]},
+     "device 0: no catalog and no mem_bw"),
+    ({"devices": [{"peak_fp32": 1e13, "mem_bytes": 1e10, "mem_bw": 1e11}]},
+     "device 0: no catalog and no name"),
+    ({"devices": [{"catalog": "T4", "name": " "}, T4]}, "name must not be empty"),
+    ({"devices": [{"catalog": "T4", "mem_bw": {"value": 3e11,
+                                              "provenance": "guessed"}}, T4]},
+     "device 0 mem_bw: provenance 'guessed'"),
+    ({"devices": [{"catalog": "T4", "mem_bw": {"provenance": "measured"}}, T4]},
+     "device 0 mem_bw: no value"),
+    ({"devices": [{"catalog": "T4", "mem_bw": {"value": 3e11, "src": "x"}}, T4]},
+     "device 0 mem_bw: unknown field 'src'"),
+    ({"devices": [{"catalog": "T4", "tensor_fp16": -1}, T4]},
+     "device 0 tensor_fp16: expected a finite number >= 0"),
+    ({"devices": [{"catalog": "T4", "peak_fp32": 0}, T4]},
+     "device 0 peak_fp32: expected a finite positive number"),
+    ({"devices": [{"catalog": "T4", "mem_bytes": float("inf")}, T4]},
+     "device 0 mem_bytes"),
+    ({"devices": [{"catalog": "T4", "max_block": 32}, T4]}, "max_block 32"),
+    ({"devices": [{"catalog": "T4", "max_block": 256.0}, T4]},
+     "max_block must be a whole number"),
+    ({"devices": [{"catalog": "T4", "host_link": {"kind": "pcie9"}}, T4]},
+     "device 0 host_link: unknown link kind 'pcie9'"),
+    ({"devices": [{"catalog": "T4", "host_link": {"bandwidth": 1e9}}, T4]},
+     "device 0 host_link: no 'kind'"),
+    ({"devices": [{"catalog": "T4", "host_link": {"kind": "pcie4",
+                                                  "latency": 0}}, T4]},
+     "device 0 host_link latency"),
     ({"devices": []}, "no devices"),
     ({"devices": {"catalog": "T4"}}, "devices must be a list"),
     ({"devices": ["T4", "L4"]}, "device 0: expected a JSON object"),
@@ -142,6 +261,79 @@ def test_a_valid_profile_keeps_what_it_states():
     assert box.host_links[1].kind == "pcie4"
     assert not box.peer(0, 1).p2p and box.peer(0, 1).bandwidth == 8e9
     assert box.nccl and box.real_backends == ("cuda",)
+
+
+def test_a_card_the_catalog_lacks_is_described_by_its_figures():
+    """A card the catalog lacks is stated by its figures, each a number (an
+    estimate) or a value with its provenance; what is not stated is assumed
+    and says so, and the provenance table keeps measured and estimated
+    apart."""
+    box = machine_from_json({"name": "box", "devices": [
+        {"name": "L40S", "peak_fp32": 91.6e12, "tensor_fp16": 362e12,
+         "mem_bytes": 48e9,
+         "mem_bw": {"value": 7.9e11, "provenance": "measured",
+                    "note": "STREAM triad on the card"},
+         "host_link": {"kind": "pcie4", "bandwidth": {"value": 2.4e10,
+                                                      "provenance": "measured"},
+                       "latency": 9e-6},
+         "max_block": 512, "cache_bytes": 96e6},
+        {"catalog": "T4"}],
+        "peers": [{**LINK, "latency": 4e-6}]})
+    card = box.devices[0]
+    assert (card.name, card.peak_fp32, card.tensor_fp16, card.mem_bw) == \
+        ("L40S", 91.6e12, 362e12, 7.9e11)
+    assert card.tensor_bf16 == 0.0 and "no tensor path" in card.notes["tensor_bf16"]
+    assert card.peak_fp64 == pytest.approx(91.6e12 / 64)
+    assert card.provenance["mem_bw"] == "measured"
+    assert card.provenance["peak_fp32"] == "estimated"
+    assert card.notes["mem_bw"] == "STREAM triad on the card"
+    assert (card.max_block, card.cache_bytes) == (512, 96e6)
+    host = box.host_link(0)
+    assert (host.kind, host.bandwidth, host.latency) == ("pcie4", 2.4e10, 9e-6)
+    assert host.provenance == "measured"   # the bandwidth's
+    assert box.peer(0, 1).latency == 4e-6
+    rows = {r["what"]: r for r in box.provenance_table()}
+    assert rows["device 0:L40S mem_bw"]["provenance"] == "measured"
+    assert rows["device 0:L40S peak_fp32"]["provenance"] == "estimated"
+
+
+def test_a_catalog_card_takes_the_figures_its_profile_states():
+    """A stated figure replaces the datasheet's; a scale (an induced
+    slow-down) then applies to it as to the rest."""
+    box = machine_from_json({"name": "box", "devices": [
+        {"catalog": "A100 80GB SXM", "mem_bw": {"value": 1.7e12,
+                                                "provenance": "measured"},
+         "scale": 0.5},
+        {"catalog": "A100 80GB SXM"}]})
+    fast, slow = box.devices[1], box.devices[0]
+    assert slow.name == fast.name == "A100 80GB SXM"
+    assert slow.mem_bw == pytest.approx(0.5 * 1.7e12)
+    assert slow.peak_fp32 == pytest.approx(0.5 * fast.peak_fp32)
+    assert slow.provenance["mem_bw"] == "measured"
+    assert fast.provenance["mem_bw"] == "estimated"
+    assert slow.mem_bytes == fast.mem_bytes
+
+
+def test_a_card_described_by_its_figures_is_decided_for():
+    """The policy and the optimum decide for a card they never met in
+    training, and a faster card stated by its figures gets the larger
+    share of a large matmul."""
+    from lib.policies.oracle import optimum
+    from lib.runtime import Agent
+
+    box = machine_from_json({"name": "figures-box", "devices": [
+        {"name": "future card", "peak_fp32": 120e12, "tensor_fp16": 1.2e15,
+         "tensor_bf16": 1.2e15, "mem_bytes": 96e9, "mem_bw": 4e12,
+         "host_link": "pcie5"},
+        {"catalog": "T4"}]})
+    task = TaskSpec(kind="matmul", dims={"M": 8192, "N": 8192, "K": 8192},
+                    dtype="fp32")
+    decision = Agent(machine=box).optimize(task)
+    shares = dict(zip(decision.gpus, decision.shares, strict=True))
+    assert shares.get(0, 0.0) > shares.get(1, 0.0)
+    best = optimum(task, box)
+    assert dict(zip(best.decision.gpus, best.decision.shares,
+                    strict=True)).get(0, 0.0) > 0.5
 
 
 # ---- a profile of one's own, by path ---------------------------------------------
@@ -263,3 +455,18 @@ def test_the_summary_of_dask_workers_fits_a_book_page():
     assert lines[2].split()[0] == "fp32" and lines[2].startswith(" " * 25)
     short = load_machine("hetero-4").summary().splitlines()
     assert short[1].startswith("  0:H100 SXM") and "fp32" in short[1]
+
+
+def test_the_reference_chapters_profiles_load():
+    """The profiles the reference chapter shows are ones a reader can copy."""
+    import re
+
+    text = (Path(__file__).parents[1] / "book" / "reference.md").read_text()
+    section = text[text.index("## A machine profile"):]
+    section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] \
+        else section
+    blocks = re.findall(r"```json\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2
+    machines = [machine_from_json(json.loads(b)) for b in blocks]
+    assert any(d.provenance.get("mem_bw") == "measured"
+               for m in machines for d in m.devices)

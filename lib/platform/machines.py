@@ -34,15 +34,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lib.contract import MAX_DEVICES, MEASURING_BACKENDS
+from lib.contract import BLOCKS, MAX_DEVICES, MEASURING_BACKENDS
 from lib.platform.hostinfo import host_memory_bytes, last_level_cache
+from lib.platform.nvml_topology import bus_key, link_matrix, text
 
 GB = 1e9
 TB = 1e12
@@ -297,18 +299,53 @@ def link_of_kind(kind: str, *, bandwidth: float | None = None, p2p: bool = False
 #: stock figure in place).
 PROFILE_FIELDS = ("name", "description", "simulated", "induced", "nccl",
                   "host_mem_bw", "real_backends", "devices", "peers")
-DEVICE_FIELDS = ("catalog", "scale", "host_link", "note")
-PEER_FIELDS = ("a", "b", "kind", "bandwidth", "p2p", "note")
+#: A device's figures, each a number or ``{"value": N, "provenance":
+#: "measured"|"estimated", "note": TEXT}``: they override the catalog's, or
+#: describe a card the catalog lacks.
+FIGURE_FIELDS = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
+                 "mem_bytes", "mem_bw")
+#: Figures a device without ``catalog`` must state.
+REQUIRED_FIGURES = ("peak_fp32", "mem_bytes", "mem_bw")
+#: Figures that may be 0 (the card has no such tensor path).
+MAY_BE_ZERO = ("tensor_fp16", "tensor_bf16")
+DEVICE_FIELDS = ("catalog", "name", "scale", "host_link", "note",
+                 *FIGURE_FIELDS, "max_block", "cache_bytes")
+HOST_LINK_FIELDS = ("kind", "bandwidth", "latency", "note")
+PEER_FIELDS = ("a", "b", "kind", "bandwidth", "latency", "p2p", "note")
+NUMBER_FIELDS = ("value", "provenance", "note")
+#: FP64 of a card stated without it: 1/64 of FP32, the ratio of the
+#: catalog's GDDR cards (L4, A10, RTX); a data-centre card states its own.
+FP64_RATIO = 1 / 64
 
 
-def _number(spec: Any, where: str) -> float:
-    """A finite positive number (or ``{"value": number, ...}``)."""
+def _number(spec: Any, where: str, zero: bool = False) -> float:
+    """A finite positive number (or ``{"value": number, ...}``); 0 too where
+    ``zero``."""
     value = spec["value"] if isinstance(spec, Mapping) and "value" in spec else spec
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise MachineError(f"{where}: expected a finite positive number, got "
-                           f"{value!r}")
+            or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        expected = "a finite number >= 0" if zero else \
+            "a finite positive number"
+        raise MachineError(f"{where}: expected {expected}, got {value!r}")
     return float(value)
+
+
+def _figure(spec: Any, where: str, zero: bool = False) -> tuple[float, str, str]:
+    """(value, provenance, note) of a stated figure: a bare number is an
+    estimate; ``{"value", "provenance", "note"}`` says where it came from."""
+    if not isinstance(spec, Mapping):
+        return _number(spec, where, zero), "estimated", "stated in the profile"
+    spec = _fields(spec, NUMBER_FIELDS, where)
+    if "value" not in spec:
+        raise MachineError(f"{where}: no value (a figure is a number or "
+                           '{"value": N, "provenance": "measured"})')
+    provenance = _typed(spec, "provenance", str, "estimated", where)
+    if provenance not in PROVENANCES:
+        raise MachineError(f"{where}: provenance {provenance!r}; expected one "
+                           f"of {', '.join(PROVENANCES)}")
+    note = _typed(spec, "note", str, "", where) or \
+        f"stated in the profile ({provenance})"
+    return _number(spec["value"], where, zero), provenance, note
 
 
 def _typed(obj: Mapping[str, Any], key: str, kind: type, default: Any,
@@ -336,26 +373,122 @@ def _fields(obj: Any, known: tuple[str, ...], where: str) -> Mapping[str, Any]:
     return obj
 
 
+def _link(spec: Any, where: str, *, p2p: bool = False,
+          default_note: str = "") -> Link:
+    """A link from a kind's name, or ``{"kind", "bandwidth", "latency",
+    "note"}`` (the kind's estimates where a number is not stated)."""
+    if not isinstance(spec, str):
+        spec = _fields(spec, HOST_LINK_FIELDS, where)
+        if "kind" not in spec:
+            raise MachineError(f"{where}: no 'kind' (one of "
+                               f"{', '.join(LINK_KINDS)})")
+    kind = spec if isinstance(spec, str) else _typed(spec, "kind", str, "", where)
+    note = default_note if isinstance(spec, str) else \
+        _typed(spec, "note", str, "", where) or default_note
+    try:
+        base = link_of_kind(kind, p2p=p2p, note=note)
+    except MachineError as exc:
+        raise MachineError(f"{where}: {exc}") from None
+    if isinstance(spec, str):
+        return base
+    stated = {}
+    for key in ("bandwidth", "latency"):
+        if key in spec:
+            stated[key] = _figure(spec[key], f"{where} {key}")
+    if not stated:
+        return base
+    # the provenance table lists a link by its bandwidth
+    return Link(kind=base.kind,
+                bandwidth=stated.get("bandwidth", (base.bandwidth,))[0],
+                latency=stated.get("latency", (base.latency,))[0], p2p=p2p,
+                provenance=stated.get("bandwidth", (0, "estimated"))[1],
+                note=note or "; ".join(f"{key} {why}" for key, (_, _, why)
+                                       in stated.items()))
+
+
 def _device(i: int, d: Any, where: str) -> tuple[Device, Link]:
+    """Device ``i`` of a profile: a catalog card (whose figures the object
+    may override) or a card described by its own figures."""
     at = f"{where} device {i}"
     d = _fields(d, DEVICE_FIELDS, at)
-    if "catalog" not in d:
-        raise MachineError(f"{at}: no catalog (the card's model, one of "
-                           f"{', '.join(GPU_CATALOG)})")
-    model = _typed(d, "catalog", str, "", at)
     scale = _number(d["scale"], f"{at} scale") if "scale" in d else 1.0
     if scale > MAX_SCALE:
         raise MachineError(f"{at}: scale {scale!r} is more than {MAX_SCALE:g} "
                            "(a clock lock slows a card down)")
+    note = _typed(d, "note", str, "", at)
     try:
-        device = catalog_device(i, model, scale, _typed(d, "note", str, "", at))
-        host = link_of_kind(_typed(d, "host_link", str, GPU_CATALOG[model][6],
-                                   at))
+        if "catalog" in d:
+            model = _typed(d, "catalog", str, "", at)
+            base = catalog_device(i, model, 1.0, note)
+            default_link = GPU_CATALOG[model][6]
+        else:
+            missing = [f for f in ("name", *REQUIRED_FIGURES) if f not in d]
+            if missing:
+                raise MachineError(
+                    f"no catalog and no {missing[0]} (a device is "
+                    '{"catalog": MODEL}, one of ' + ", ".join(GPU_CATALOG)
+                    + ", or states name, " + ", ".join(REQUIRED_FIGURES) + ")")
+            base = None
+            default_link = "pcie4"
+        device = _stated_device(i, d, base, at)
+        if scale != 1.0:
+            device = _scaled(device, scale, note)
+        host = _link(d.get("host_link", default_link), f"{at} host_link",
+                     default_note="" if "host_link" in d or base is not None
+                     else "pcie4 assumed: the profile names no host link "
+                          "(estimate)")
     except MachineError as exc:
         text = str(exc)
         raise MachineError(text if text.startswith(at) else f"{at}: {text}") \
             from None
     return device, host
+
+
+def _stated_device(i: int, d: Mapping[str, Any], base: Device | None,
+                   at: str) -> Device:
+    """``base`` (a catalog card, or nothing) with the figures ``d`` states."""
+    values: dict[str, float] = {}
+    provenance: dict[str, str] = dict(base.provenance) if base else {}
+    notes: dict[str, str] = dict(base.notes) if base else {}
+    for f in FIGURE_FIELDS:
+        if f in d:
+            values[f], provenance[f], notes[f] = _figure(
+                d[f], f"{at} {f}", zero=f in MAY_BE_ZERO)
+        elif base is not None:
+            values[f] = getattr(base, f)
+        elif f == "peak_fp64":
+            values[f] = values["peak_fp32"] * FP64_RATIO
+            provenance[f] = "estimated"
+            notes[f] = "not stated: 1/64 of FP32 assumed (estimate)"
+        else:   # a tensor path the profile does not state: none
+            values[f] = 0.0
+            provenance[f] = "estimated"
+            notes[f] = "not stated: no tensor path assumed"
+    max_block = _typed(d, "max_block", int, base.max_block if base else 1024, at)
+    if max_block < BLOCKS[0]:
+        raise MachineError(f"{at}: max_block {max_block} is below the smallest "
+                           f"block a decision can choose ({BLOCKS[0]})")
+    cache = 0.0
+    if "cache_bytes" in d:
+        cache, provenance["cache_bytes"], notes["cache_bytes"] = _figure(
+            d["cache_bytes"], f"{at} cache_bytes")
+    name = _typed(d, "name", str, base.name if base else "", at)
+    if not name.strip():
+        raise MachineError(f"{at}: name must not be empty")
+    return Device(index=i, name=name, kind="gpu", max_block=max_block,
+                  cache_bytes=cache, provenance=provenance, notes=notes,
+                  **values)
+
+
+def _scaled(device: Device, scale: float, note: str) -> Device:
+    """``device`` with its throughputs scaled (an induced slow-down)."""
+    scaled = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16", "mem_bw")
+    notes = dict(device.notes)
+    for f in scaled:
+        notes[f] = note or f"{notes.get(f, '')}; scaled by {scale:g} (induced)"
+    return Device(**{**device.__dict__,
+                     **{f: getattr(device, f) * scale for f in scaled},
+                     "notes": notes})
 
 
 #: The largest induced speed-up ``scale`` may state (a card overclocked).
@@ -418,12 +551,14 @@ def machine_from_json(obj: Mapping[str, Any], default_name: str | None = None
         if key in peers:
             raise MachineError(f"{at}: devices {key[0]} and {key[1]} are "
                                "linked twice")
-        bw = _number(p["bandwidth"], f"{at} bandwidth") if "bandwidth" in p \
-            else None
-        peers[key] = link_of_kind(
-            _typed(p, "kind", str, "", at), bandwidth=bw,
-            p2p=_typed(p, "p2p", bool, True, at),
-            note=_typed(p, "note", str, "", at))
+        try:
+            peers[key] = _link({k: v for k, v in p.items()
+                                if k in HOST_LINK_FIELDS}, at,
+                               p2p=_typed(p, "p2p", bool, True, at))
+        except MachineError as exc:
+            text = str(exc)
+            raise MachineError(text if text.startswith(at) else f"{at}: {text}") \
+                from None
     backends = _typed(obj, "real_backends", list, [], where)
     for b in backends:
         if b not in MEASURING_BACKENDS:
@@ -480,52 +615,209 @@ def local_cpu_machine(n: int | None = None) -> Machine:
     )
 
 
-def nvml_machine() -> Machine:
-    """The live machine read through NVML (names mapped onto the catalog)."""
+#: Per-direction rate of one NVLink of generations 2 to 4 (V100, A100,
+#: H100: 50 GB/s both ways per link; NVIDIA datasheets), the estimate for a
+#: link NVML counts.
+NVLINK_LINK_BW = 25 * GB
+
+
+def nvml_machine(nvml: Any = None) -> Machine:
+    """The live machine read through NVML.
+
+    A GPU whose name maps onto the catalog (:func:`catalog_model`) takes the
+    catalog's figures; any other takes what NVML reports of it
+    (:func:`nvml_device`). Memory is NVML's either way. Two GPUs joined by
+    NVLink are peers at the links NVML counts; two under one PCIe switch or
+    host bridge are peers where NVML says peer-to-peer reads work; others
+    reach each other through the host.
+
+    Args:
+        nvml: the ``pynvml`` module (default), or an object with its names,
+            such as :class:`lib.platform.telemetry.RecordedNvml`.
+
+    Raises:
+        MachineError: no NVML here, or a GPU NVML cannot describe.
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            raise MachineError("nvml: nvidia-ml-py is not installed "
+                               "(pip install 'gpuhive[gpu]')") from None
+    error = getattr(nvml, "NVMLError", Exception)
     try:
-        import pynvml
-    except ImportError:
-        raise MachineError("nvml: nvidia-ml-py is not installed "
-                           "(pip install 'gpuhive[gpu]')") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
+        nvml.nvmlInit()
+    except error as exc:
         raise MachineError(f"nvml: cannot initialise NVML ({exc}); no NVIDIA "
                            "driver on this machine") from None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        devices = []
-        for i in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            raw = pynvml.nvmlDeviceGetName(handle)
-            model = catalog_name(raw.decode() if isinstance(raw, bytes) else raw)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            dev = catalog_device(i, model, note=f"datasheet for {model}; memory "
-                                                f"read through NVML")
-            devices.append(Device(**{**dev.__dict__, "mem_bytes": float(mem)}))
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i)
+                   for i in range(int(nvml.nvmlDeviceGetCount()))]
+        if not handles:
+            raise MachineError("nvml: NVML lists no GPU on this machine")
+        devices, host_links, buses = [], [], []
+        for i, handle in enumerate(handles):
+            device, host = nvml_device(nvml, handle, i)
+            devices.append(device)
+            host_links.append(host)
+            try:
+                buses.append(bus_key(nvml.nvmlDeviceGetPciInfo(handle).busId))
+            except error:
+                buses.append(None)
+        classes, nvlinks = link_matrix(nvml, handles, buses, error)
+        peers = {}
+        for i in range(len(handles)):
+            for j in range(i + 1, len(handles)):
+                link = _nvml_peer(nvml, handles, devices, host_links, i, j,
+                                  classes[i][j], nvlinks[i][j])
+                if link is not None:
+                    peers[(i, j)] = link
     finally:
-        pynvml.nvmlShutdown()
+        try:
+            nvml.nvmlShutdown()
+        except error:
+            pass
     return Machine(
         name="nvml", description="The live machine, read through NVML.",
-        devices=tuple(devices),
-        host_links=tuple(link_of_kind(GPU_CATALOG[d.name][6]) for d in devices),
-        peers={}, simulated=False, nccl=True, real_backends=("cuda",),
+        devices=tuple(devices), host_links=tuple(host_links), peers=peers,
+        simulated=False, nccl=True, real_backends=("cuda",),
     )
 
 
-def catalog_name(nvml_name: str) -> str:
-    """Map an NVML product name (``"NVIDIA H100 80GB HBM3"``) onto the catalog."""
-    text = nvml_name.upper()
-    rules = [("H200", "H200 SXM"), ("H100 PCIE", "H100 PCIe"), ("H100", "H100 SXM"),
-             ("A100-SXM4-80GB", "A100 80GB SXM"), ("A100 80GB", "A100 80GB SXM"),
-             ("A100", "A100 40GB PCIe"), ("V100", "V100 SXM2 32GB"), ("T4", "T4"),
-             ("L4", "L4"), ("A10", "A10"), ("3090", "RTX 3090"),
-             ("4090", "RTX 4090")]
-    for key, model in rules:
-        if key in text:
+def nvml_device(nvml: Any, handle: Any, index: int) -> tuple[Device, Link]:
+    """One GPU read through NVML, and its link to the host.
+
+    A card the catalog has takes its datasheet figures. Any other is
+    described by what NVML reports: FP32 as CUDA cores x 2 x the highest SM
+    clock, memory bandwidth as the bus width x the highest memory clock x 2
+    (double data rate), FP64 by the compute capability's ratio (1/2 on the
+    x.0 data-centre chips, 1/32 on 7.5, 1/64 on the rest), no tensor path
+    (NVML does not tell; an underestimate where the card has one), and the
+    host link of its PCIe generation. Each such figure says so.
+    """
+    error = getattr(nvml, "NVMLError", Exception)
+    name = text(nvml.nvmlDeviceGetName(handle))
+    mem = float(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    model = catalog_model(name)
+    if model is not None:
+        dev = catalog_device(index, model)
+        return (replace(dev, mem_bytes=mem,
+                        provenance={**dev.provenance, "mem_bytes": "measured"},
+                        notes={**dev.notes, "mem_bytes": "read through NVML"}),
+                link_of_kind(GPU_CATALOG[model][6]))
+    try:
+        cores = int(nvml.nvmlDeviceGetNumGpuCores(handle))
+        sm_hz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)) * 1e6
+        mem_hz = float(nvml.nvmlDeviceGetMaxClockInfo(handle,
+                                                      nvml.NVML_CLOCK_MEM)) * 1e6
+        bus_bits = int(nvml.nvmlDeviceGetMemoryBusWidth(handle))
+    except (error, AttributeError) as exc:
+        raise MachineError(
+            f"nvml: GPU {index} ({name!r}) is not in the catalog and NVML does "
+            f"not report its cores, clocks and memory bus ({exc}); describe it "
+            "by its figures in a profile of your own (the reference chapter's "
+            "format)") from None
+    if min(cores, sm_hz, mem_hz, bus_bits) <= 0:
+        raise MachineError(f"nvml: GPU {index} ({name!r}) is not in the catalog "
+                           f"and NVML reports {cores} cores, {sm_hz / 1e6:g} MHz, "
+                           f"a {bus_bits}-bit bus at {mem_hz / 1e6:g} MHz; "
+                           "describe it in a profile of your own")
+    try:
+        major, minor = (int(v) for v in
+                        nvml.nvmlDeviceGetCudaComputeCapability(handle))
+        ratio = 1 / 2 if minor == 0 and major >= 6 else \
+            1 / 32 if (major, minor) == (7, 5) else 1 / 64
+        fp64_note = (f"estimate: FP32 x 1/{round(1 / ratio)}, the ratio of "
+                     f"compute capability {major}.{minor}")
+    except (error, AttributeError):
+        ratio, fp64_note = 1 / 64, "estimate: FP32 / 64 (compute capability unread)"
+    try:
+        generation = int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+    except (error, AttributeError):
+        generation = 0
+    kind = f"pcie{generation}" if f"pcie{generation}" in LINK_KINDS else "pcie4"
+    fp32 = cores * 2.0 * sm_hz
+    fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
+              "mem_bytes", "mem_bw")
+    device = Device(
+        index=index, name=name.removeprefix("NVIDIA ").strip() or name,
+        kind="gpu", peak_fp32=fp32, peak_fp64=fp32 * ratio, tensor_fp16=0.0,
+        tensor_bf16=0.0, mem_bytes=mem, mem_bw=bus_bits / 8 * mem_hz * 2,
+        provenance={**{f: "estimated" for f in fields}, "mem_bytes": "measured"},
+        notes={"peak_fp32": f"estimate from NVML: {cores} CUDA cores x 2 FLOP x "
+                            f"{sm_hz / 1e6:g} MHz (highest SM clock)",
+               "peak_fp64": fp64_note,
+               "tensor_fp16": "not reported by NVML: no tensor path assumed",
+               "tensor_bf16": "not reported by NVML: no tensor path assumed",
+               "mem_bytes": "read through NVML",
+               "mem_bw": f"estimate from NVML: {bus_bits}-bit bus x "
+                         f"{mem_hz / 1e6:g} MHz (highest memory clock) x 2"})
+    note = (f"PCIe {generation} read through NVML (rate: estimate)" if generation
+            else "pcie4 assumed: NVML gives no PCIe generation (estimate)")
+    return device, link_of_kind(kind, note=note)
+
+
+def _nvml_peer(nvml: Any, handles: list[Any], devices: list[Device],
+               host_links: list[Link], i: int, j: int, how: str,
+               nvlinks: int) -> Link | None:
+    """The peer link between GPUs i and j as NVML sees it, or None (the two
+    reach each other through the host)."""
+    if how == "nvlink":
+        bw = nvlinks * NVLINK_LINK_BW
+        note = (f"{nvlinks} active NVLink(s) counted by NVML x "
+                f"{NVLINK_LINK_BW / GB:g} GB/s per direction (estimate)")
+        rated = [GPU_CATALOG[d.name][7] for d in (devices[i], devices[j])
+                 if d.name in GPU_CATALOG and GPU_CATALOG[d.name][7] > 0]
+        if rated and min(rated) < bw:
+            bw = min(rated)
+            note += f", capped at the card's NVLink rate, {bw / GB:g} GB/s"
+        return link_of_kind("nvlink", bandwidth=bw, p2p=True, note=note)
+    if how not in ("pcie-switch", "pcie-host"):
+        return None
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        p2p = nvml.nvmlDeviceGetP2PStatus(handles[i], handles[j],
+                                          nvml.NVML_P2P_CAPS_INDEX_READ) \
+            == nvml.NVML_P2P_STATUS_OK
+        why = "NVML reports peer-to-peer reads"
+    except (error, AttributeError):
+        p2p = how == "pcie-switch"
+        why = "NVML gives no peer-to-peer status; one PCIe switch assumed to allow it"
+    if not p2p:
+        return None
+    slower = min(host_links[i], host_links[j], key=lambda lk: lk.bandwidth)
+    return link_of_kind(slower.kind, p2p=True,
+                        note=f"{how} path ({why}); the slower host link's rate "
+                             "(estimate)")
+
+
+#: NVML product names (upper case) -> catalog model, first match wins; a
+#: name matches where it holds the key as a whole word, so an L40S is not
+#: taken for an L4 nor an A10G for an A10.
+NVML_NAMES: tuple[tuple[str, str], ...] = (
+    ("H200", "H200 SXM"), ("H100 PCIE", "H100 PCIe"), ("H100", "H100 SXM"),
+    ("A100-SXM4-80GB", "A100 80GB SXM"), ("A100 80GB", "A100 80GB SXM"),
+    ("A100", "A100 40GB PCIe"), ("V100", "V100 SXM2 32GB"), ("T4", "T4"),
+    ("L4", "L4"), ("A10", "A10"), ("3090", "RTX 3090"), ("4090", "RTX 4090"))
+
+
+def catalog_model(nvml_name: str) -> str | None:
+    """The catalog model an NVML product name (``"NVIDIA H100 80GB HBM3"``)
+    names, or None."""
+    name = nvml_name.upper()
+    for key, model in NVML_NAMES:
+        if re.search(rf"(?<![A-Z0-9]){re.escape(key)}(?![A-Z0-9])", name):
             return model
-    raise MachineError(f"nvml: GPU {nvml_name!r} is not in the catalog; add it to "
-                       "lib.platform.machines.GPU_CATALOG")
+    return None
+
+
+def catalog_name(nvml_name: str) -> str:
+    """:func:`catalog_model`, or MachineError for a card the catalog lacks."""
+    model = catalog_model(nvml_name)
+    if model is None:
+        raise MachineError(f"nvml: GPU {nvml_name!r} is not in the catalog; add "
+                           "it to lib.platform.machines.GPU_CATALOG")
+    return model
 
 
 # --------------------------------------------------------------------------

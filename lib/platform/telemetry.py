@@ -58,16 +58,12 @@ from typing import Any
 import numpy as np
 
 from lib.platform.machines import Machine
+from lib.platform.nvml_topology import bus_key, link_matrix
 
 #: Utilisation is clipped here so a busy device is slow, never infinitely so.
 MAX_UTILISATION = 0.95
 #: Capacity is clipped here for the same reason (the same floor: 1 - 0.95).
 MIN_CAPACITY = 1.0 - MAX_UTILISATION
-
-#: Link-matrix vocabulary, fastest first: the diagonal, an active NVLink, a path
-#: through PCIe switches only, a path through a host bridge / the CPU's root
-#: complex, a path across the SMP interconnect between sockets.
-LINK_CLASSES = ("self", "nvlink", "pcie-switch", "pcie-host", "system")
 
 
 class TelemetryError(RuntimeError):
@@ -87,7 +83,8 @@ class Snapshot:
             (NaN for a device whose reading failed).
         measured: whether the numbers were read from real devices.
         links: ``links[i][j]`` is how devices i and j are connected, one of
-            :data:`LINK_CLASSES`; empty where the source does not know.
+            :data:`~lib.platform.nvml_topology.LINK_CLASSES`; empty where the
+            source does not know.
         capacity: per device, the share of it a shard of ours would get now,
             in (0, 1]; None where the source cannot tell.
         capacity_provenance: per device, how its capacity was obtained (one
@@ -454,46 +451,6 @@ def _looks(cores: Sequence[int] | None, exclude_pids: Sequence[int] = (),
 # --------------------------------------------------------------------------
 # NVML (real GPUs, or a recorded snapshot replayed at the pynvml boundary)
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _bus_key(bus_id: Any) -> tuple[int, int, int, int]:
-    """``"00000000:17:00.0"`` and ``"0000:17:00.0"`` -> the same (domain, bus,
-    device, function), so NVLink remote ids match local ids whatever the width."""
-    text = _text(bus_id).strip().lower()
-    try:
-        domain, bus, rest = text.split(":")
-        dev, fn = rest.split(".")
-        return int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
-    except ValueError:
-        return (-1, -1, -1, -1)
-
-
-def _topology_class(nvml: Any, level: int) -> str:
-    """Map ``nvmlDeviceGetTopologyCommonAncestor``'s level onto LINK_CLASSES."""
-    if level <= nvml.NVML_TOPOLOGY_MULTIPLE:   # same board, one or more switches
-        return "pcie-switch"
-    if level <= nvml.NVML_TOPOLOGY_NODE:       # host bridge, same CPU / NUMA node
-        return "pcie-host"
-    return "system"                            # across the SMP interconnect
-
-
-def _nvlink_peers(nvml: Any, handle: Any, error: type[BaseException]) -> set:
-    """Bus ids this device reaches over active NVLinks (a failing call: no link)."""
-    peers = set()
-    for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
-        try:
-            if nvml.nvmlDeviceGetNvLinkState(handle, link) != \
-                    nvml.NVML_FEATURE_ENABLED:
-                continue
-            peers.add(_bus_key(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle,
-                                                                     link).busId))
-        except error:
-            continue
-    return peers
-
-
 def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
                   ) -> Snapshot:
     """Read every GPU's state and the link matrix through NVML.
@@ -539,14 +496,14 @@ def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
                 c = float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
                 t = float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
                 p = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-                bus = _bus_key(nvml.nvmlDeviceGetPciInfo(h).busId)
+                bus = bus_key(nvml.nvmlDeviceGetPciInfo(h).busId)
                 row = (min(1.0, max(0.0, u)), f, True, c, t, p, bus)
             except error:
                 row = (1.0, 0.0, False, math.nan, math.nan, math.nan, None)
             for store, value in zip((util, free, ok, clocks, temps, power, buses),
                                     row, strict=True):
                 store.append(value)
-        links = _link_matrix(nvml, handles, buses, error)
+        links, _ = link_matrix(nvml, handles, buses, error)
         ours = own_pids() if exclude_pids is None else set(exclude_pids)
         caps = [gpu_capacity(nvml, h, ours, error) for h in handles]
     finally:
@@ -621,30 +578,6 @@ def _gpu_capacity_fields(caps: Sequence[tuple[float, float, str] | None],
             "capacity_provenance": tuple(provenance)}
 
 
-def _link_matrix(nvml: Any, handles: Sequence[Any], buses: Sequence[Any],
-                 error: type[BaseException]) -> tuple[tuple[str, ...], ...]:
-    n = len(handles)
-    nvlinks = [_nvlink_peers(nvml, h, error) for h in handles]
-    rows = []
-    for i in range(n):
-        row = []
-        for j in range(n):
-            if i == j:
-                row.append("self")
-            elif buses[j] is not None and (buses[j] in nvlinks[i]
-                                           or buses[i] in nvlinks[j]):
-                row.append("nvlink")
-            else:
-                try:
-                    level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i],
-                                                                     handles[j])
-                    row.append(_topology_class(nvml, int(level)))
-                except error:
-                    row.append("system")   # unknown path: assume the slowest
-        rows.append(tuple(row))
-    return tuple(rows)
-
-
 class RecordedNvmlError(Exception):
     """What a recorded call that failed raises (stands in for pynvml.NVMLError)."""
 
@@ -666,8 +599,11 @@ class RecordedNvml:
     number -> ``{"state": 0|1, "remote_bus_id": ...}``), optionally
     ``compute_processes`` (``[{"pid", "usedGpuMemory"}]``) and
     ``process_utilization`` (``[{"pid", "timeStamp", "smUtil", "memUtil"}]``,
-    pynvml's field names; recordings without them replay as NVML's "not
-    supported"), and a ``topology`` matrix of common-ancestor levels. A value
+    pynvml's field names), ``cores``, ``max_clocks`` (``sm``/``mem`` MHz),
+    ``memory_bus_width`` (bits), ``compute_capability`` (``[major, minor]``)
+    and ``pcie_generation`` (recordings without them replay as NVML's "not
+    supported"); and a ``topology`` matrix of common-ancestor levels and
+    optionally a ``p2p_read`` matrix (whether peer-to-peer reads work). A value
     ``{"error": "..."}`` makes that call raise :attr:`NVMLError`, as NVML
     does; a link number absent from ``nvlink`` raises as well (NVML's "not
     supported").
@@ -679,6 +615,10 @@ class RecordedNvml:
     NVMLError = RecordedNvmlError
     # pynvml's constant values, so the code under test sees the same numbers.
     NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_P2P_CAPS_INDEX_READ = 0
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
     NVML_TEMPERATURE_GPU = 0
     NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 36
@@ -762,6 +702,30 @@ class RecordedNvml:
                                         last_seen: int) -> list[_Reading]:
         return [_Reading(p) for p in self._get(handle, "process_utilization")
                 if int(p.get("timeStamp", 0)) > last_seen]
+
+    def nvmlDeviceGetNumGpuCores(self, handle: int) -> int:
+        return self._get(handle, "cores")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: int, clock: int) -> int:
+        return self._get(handle, "max_clocks", "sm" if clock == self.NVML_CLOCK_SM
+                         else "mem")
+
+    def nvmlDeviceGetMemoryBusWidth(self, handle: int) -> int:
+        return self._get(handle, "memory_bus_width")
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        major, minor = self._get(handle, "compute_capability")
+        return int(major), int(minor)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return self._get(handle, "pcie_generation")
+
+    def nvmlDeviceGetP2PStatus(self, h1: int, h2: int, index: int) -> int:
+        matrix = self.record.get("p2p_read")
+        if matrix is None:
+            raise RecordedNvmlError("Not Supported (p2p_read)")
+        return self.NVML_P2P_STATUS_OK if matrix[h1][h2] else \
+            self.NVML_P2P_STATUS_NOT_SUPPORTED
 
     def nvmlDeviceGetTopologyCommonAncestor(self, h1: int, h2: int) -> int:
         level = self.topology[h1][h2]
