@@ -151,6 +151,14 @@ def test_profile_from_worker_records():
     assert all(d.kind == "cpu" for d in forced.devices)
     with pytest.raises(MachineError, match="no workers"):
         dc.machine_from_workers("dask://s:1", {})
+    # a card the catalog lacks is named, not taken for the nearest name (an
+    # L40S is not an L4)
+    unknown = {**workers, "tcp://10.0.0.1:4002": {
+        **workers["tcp://10.0.0.1:4002"],
+        "gpu": {"name": "NVIDIA L40S", "memory-total": 48 * gb}}}
+    with pytest.raises(MachineError, match=r"worker tcp://10.0.0.1:4002 has a "
+                       r"'NVIDIA L40S', which the catalog lacks"):
+        dc.machine_from_workers("dask://s:1", unknown, facts)
     # GPU workers are profiled, not run
     with pytest.raises(BackendUnavailable, match="GPU worker"):
         DaskBackend(m)

@@ -157,6 +157,14 @@ def test_a_card_nvml_cannot_describe_is_one_line_naming_it():
     assert "profile of your own" in text and "\n" not in text
 
 
+def test_a_gpu_nvml_cannot_read_is_one_line_naming_it():
+    record = _recording("nvml_snapshot.json")
+    record["devices"][1]["memory"] = {"error": "GPU is lost"}
+    with pytest.raises(MachineError, match=r"^nvml: GPU 1: NVML cannot read it "
+                       r"\(GPU is lost\)$"):
+        nvml_machine(RecordedNvml(record))
+
+
 @pytest.mark.parametrize(("name", "model"), [
     ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
     ("NVIDIA H200", "H200 SXM"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
@@ -221,6 +229,7 @@ LINK = {"a": 0, "b": 1, "kind": "pcie3"}
     ({"devices": [{"catalog": "T4", "mem_bytes": float("inf")}, T4]},
      "device 0 mem_bytes"),
     ({"devices": [{"catalog": "T4", "max_block": 32}, T4]}, "max_block 32"),
+    ({"devices": [{"catalog": "T4", "max_block": 2048}, T4]}, "max_block 2048"),
     ({"devices": [{"catalog": "T4", "max_block": 256.0}, T4]},
      "max_block must be a whole number"),
     ({"devices": [{"catalog": "T4", "host_link": {"kind": "pcie9"}}, T4]},

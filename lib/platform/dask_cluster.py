@@ -67,13 +67,14 @@ from typing import Any
 
 from lib.platform.machines import (
     GB,
+    GPU_CATALOG,
     RESOLVERS,
     Device,
     Link,
     Machine,
     MachineError,
     catalog_device,
-    catalog_name,
+    catalog_model,
     local_cpu_machine,
 )
 from lib.platform.spawn import bare_main
@@ -243,7 +244,12 @@ def machine_from_workers(name: str, workers: Mapping[str, Mapping[str, Any]],
         if is_gpu:
             if not gpu or not gpu.get("name"):
                 raise MachineError(f"machine {name}: worker {addr} reports no GPU")
-            model = catalog_name(str(gpu["name"]))
+            model = catalog_model(str(gpu["name"]))
+            if model is None:
+                raise MachineError(
+                    f"machine {name}: worker {addr} has a {gpu['name']!r}, which "
+                    f"the catalog lacks (it has {', '.join(GPU_CATALOG)}); a Dask "
+                    "worker reports only its GPU's name and memory")
             dev = catalog_device(i, model)
             total = float(gpu.get("memory-total") or dev.mem_bytes)
             devices.append(dataclasses.replace(

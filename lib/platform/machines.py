@@ -465,9 +465,10 @@ def _stated_device(i: int, d: Mapping[str, Any], base: Device | None,
             provenance[f] = "estimated"
             notes[f] = "not stated: no tensor path assumed"
     max_block = _typed(d, "max_block", int, base.max_block if base else 1024, at)
-    if max_block < BLOCKS[0]:
-        raise MachineError(f"{at}: max_block {max_block} is below the smallest "
-                           f"block a decision can choose ({BLOCKS[0]})")
+    if not BLOCKS[0] <= max_block <= BLOCKS[-1]:
+        raise MachineError(f"{at}: max_block {max_block} is outside "
+                           f"{BLOCKS[0]}-{BLOCKS[-1]} (the blocks a decision can "
+                           "choose; CUDA allows at most 1024 threads)")
     cache = 0.0
     if "cache_bytes" in d:
         cache, provenance["cache_bytes"], notes["cache_bytes"] = _figure(
@@ -657,7 +658,11 @@ def nvml_machine(nvml: Any = None) -> Machine:
             raise MachineError("nvml: NVML lists no GPU on this machine")
         devices, host_links, buses = [], [], []
         for i, handle in enumerate(handles):
-            device, host = nvml_device(nvml, handle, i)
+            try:
+                device, host = nvml_device(nvml, handle, i)
+            except error as exc:
+                raise MachineError(f"nvml: GPU {i}: NVML cannot read it ({exc})") \
+                    from None
             devices.append(device)
             host_links.append(host)
             try:
@@ -809,15 +814,6 @@ def catalog_model(nvml_name: str) -> str | None:
         if re.search(rf"(?<![A-Z0-9]){re.escape(key)}(?![A-Z0-9])", name):
             return model
     return None
-
-
-def catalog_name(nvml_name: str) -> str:
-    """:func:`catalog_model`, or MachineError for a card the catalog lacks."""
-    model = catalog_model(nvml_name)
-    if model is None:
-        raise MachineError(f"nvml: GPU {nvml_name!r} is not in the catalog; add "
-                           "it to lib.platform.machines.GPU_CATALOG")
-    return model
 
 
 # --------------------------------------------------------------------------
