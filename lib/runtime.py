@@ -24,10 +24,15 @@ it really had; without it a busy core is decided for as a free one, and its
 slow runs would teach the history that the core is slow. A Dask worker's
 heartbeat counts the shards we ran on it as its load, so on the ``dask``
 backend ``"auto"`` reads nothing (``"live"`` reads the scheduler's view).
+
+A device the backend cannot run on (a GPU that ``CUDA_VISIBLE_DEVICES`` hides
+from the ``cuda`` backend) is unhealthy in what the policy and Gate 1 see, so
+the policy decides over the others and Gate 1 refuses a decision naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -42,12 +47,13 @@ from lib.costmodel.history import History, record_run
 from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
-from lib.execution import Backend, Result, get_backend
+from lib.execution import Backend, BackendUnavailable, Result, get_backend
 from lib.platform.dask_cluster import dask_snapshot
 from lib.platform.machines import Machine, load_machine
 from lib.platform.telemetry import (
     Snapshot,
     TelemetryError,
+    idle,
     local_cpu_snapshot,
     nvml_snapshot,
 )
@@ -153,6 +159,7 @@ class Agent:
         self._backend_spec = backend
         self._backend_options = backend_options
         self._backend: Backend | None = None if isinstance(backend, str) else backend
+        self._unavailable = False  # the backend could not be made here
         self.telemetry = telemetry
 
     @property
@@ -240,7 +247,30 @@ class Agent:
         ``telemetry`` (default :attr:`telemetry`); never raises but for
         :class:`TelemetryError` where live telemetry cannot be read."""
         snap = self.telemetry if telemetry is None else telemetry
-        return check_decision(decision, task, self.machine, snap)
+        return check_decision(decision, task, self.machine,
+                              self._runnable_only(snap))
+
+    def _runnable_only(self, snap: Snapshot | None) -> Snapshot | None:
+        """``snap`` (an idle one where None) with the devices the backend
+        cannot run on marked unhealthy; ``snap`` itself where it runs on
+        all. The ``cuda`` backend is made for this before the first
+        decision: which GPUs CUDA sees decides which the policy may use."""
+        if self._backend is None:
+            if self._backend_spec != "cuda" or self._unavailable:
+                return snap
+            try:
+                backend = self.backend
+            except BackendUnavailable:  # execute says so; decide as before
+                self._unavailable = True
+                return snap
+        else:
+            backend = self._backend
+        runnable = getattr(backend, "runnable", None)
+        if runnable is None or set(runnable) >= set(range(self.machine.n)):
+            return snap
+        base = snap if snap is not None else idle(self.machine)
+        return dataclasses.replace(base, healthy=tuple(
+            bool(ok) and i in runnable for i, ok in enumerate(base.healthy)))
 
     def optimize(self, task: TaskSpec) -> Decision:
         """The policy's decision for ``task``, hashed and accepted by Gate 1.
@@ -248,7 +278,7 @@ class Agent:
         Raises:
             DecisionRejected: the policy produced a decision Gate 1 refuses.
         """
-        snap = self.telemetry
+        snap = self._runnable_only(self.telemetry)
         decision = self.policy.decide(task, self.machine,
                                       self.seen_by_policy(task, snap))
         decision = decision.with_hash(task)

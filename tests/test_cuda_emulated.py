@@ -564,3 +564,31 @@ def test_stand_in_event_times_follow_an_eager_device(gpus):
         s.synchronize()
     # the host's 0.2 s between the records, not the 0.2 s after them
     assert 200 <= cp.cuda.get_elapsed_time(first, second) < 400
+
+
+# -- a GPU the backend cannot see ----------------------------------------------------
+
+
+def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4):
+    """With profile device 0 (the H100) hidden from CUDA, as
+    ``CUDA_VISIBLE_DEVICES`` hides a card, the agent's policy decides over
+    the other three, the decision runs and verifies, and Gate 1 refuses a
+    decision naming device 0 before anything runs; with every device seen,
+    the same large task does use device 0."""
+    from lib.runtime import Agent, DecisionRejected
+
+    big = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
+    cp = gpus()
+    with Agent(machine=hetero4, backend=CudaBackend(hetero4, warmup=0),
+               telemetry=None) as every:
+        assert 0 in every.optimize(big).gpus
+    hidden = CudaBackend(hetero4, warmup=0, device_map={1: 1, 2: 2, 3: 3})
+    with Agent(machine=hetero4, backend=hidden, telemetry=None) as agent:
+        assert 0 not in agent.optimize(big).gpus
+        decision = agent.optimize(ELEMENTWISE)
+        assert 0 not in decision.gpus
+        mark = len(cp.gpus.log)
+        assert agent.execute(ELEMENTWISE, decision, verify=True).metrics.verified
+        with pytest.raises(DecisionRejected, match="device 0"):
+            agent.execute(ELEMENTWISE, decide(ELEMENTWISE, (0, 1), (0.5, 0.5), 96))
+    assert not launches(cp.gpus.log[mark:], 0)

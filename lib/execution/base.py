@@ -112,7 +112,12 @@ class Result:
 
 
 class Backend(Protocol):
-    """An execution backend: the only thing that turns a Decision into a Result."""
+    """An execution backend: the only thing that turns a Decision into a Result.
+
+    A backend that cannot run on every device of its machine says which it
+    can with a ``runnable`` tuple of device indices (the cuda backend: those
+    with a CUDA ordinal); the agent then decides over those only.
+    """
 
     name: str
     measured: bool

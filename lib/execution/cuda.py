@@ -444,6 +444,12 @@ class CudaBackend:
         self._used: set[int] = set()
         self._faults = self._fault_types()
 
+    @property
+    def runnable(self) -> tuple[int, ...]:
+        """The profile devices this backend can run a shard on: those with a
+        CUDA ordinal (a GPU ``CUDA_VISIBLE_DEVICES`` hides has none)."""
+        return tuple(sorted(self.device_map))
+
     def _nvml_map(self, cuda_count: int) -> dict[int, int]:
         """The nvml profile's devices mapped by PCI bus id (see
         :func:`map_by_bus_id`)."""
