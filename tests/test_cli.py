@@ -46,6 +46,28 @@ def test_explain_text_prints_the_breakdown():
     assert "PREDICTED total" in p.stdout and "exhaustive optimum" in p.stdout
 
 
+def test_explain_shows_every_term_of_the_total():
+    """On the cores the host's serial work for each shard is part of the
+    total, and the breakdown prints it: the slowest device, the merge and
+    the host's work add up to the total."""
+    from lib.contract import Decision, TaskSpec
+    from lib.costmodel import predict
+    from lib.platform.machines import load_machine
+
+    p = gpuhive("explain", "--kind", "reduce", "--dim", "N=1000000",
+                "--machine", "local-cpu", "--telemetry", "none", "--json")
+    shown = json.loads(p.stdout)
+    task = TaskSpec.from_json(shown["task"])
+    pred = predict(task, Decision.from_json(shown["decision"]),
+                   load_machine("local-cpu"))
+    assert pred.t_host > 0
+    text = gpuhive("explain", "--kind", "reduce", "--dim", "N=1000000",
+                   "--machine", "local-cpu", "--telemetry", "none").stdout
+    assert "host's serial work for the shards" in text
+    assert max(d.total for d in pred.devices) + pred.t_merge + pred.t_host \
+        == pytest.approx(pred.total)
+
+
 def test_run_on_local_cpu_measures_and_verifies():
     p = gpuhive("run", "--kind", "reduce", "--dim", "N=4194304", "--machine",
                 "local-cpu", "--backend", "cpu", "--verify")

@@ -43,14 +43,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def breakdown_table(pred) -> list[str]:
     """The lines of a prediction's per-device table and its merge."""
-    lines = [f"  {'device':<20} {'share':>6} {'rows':>10} {'launch':>9} {'in':>9} "
+    # a Dask worker's label is its address: the column widens to hold it
+    w = max([20, *(len(d.label) for d in pred.devices)])
+    lines = [f"  {'device':<{w}} {'share':>6} {'rows':>10} {'launch':>9} {'in':>9} "
              f"{'compute':>9} {'out':>9} {'total':>9}"]
     for d in pred.devices:
         lines.append(
-            f"  {d.label:<20} {d.share:6.3f} {d.rows:10d} {fmt_seconds(d.t_launch):>9} "
-            f"{fmt_seconds(d.t_in):>9} {fmt_seconds(d.t_comp):>9} "
-            f"{fmt_seconds(d.t_out):>9} {fmt_seconds(d.total):>9}")
+            f"  {d.label:<{w}} {d.share:6.3f} {d.rows:10d} "
+            f"{fmt_seconds(d.t_launch):>9} {fmt_seconds(d.t_in):>9} "
+            f"{fmt_seconds(d.t_comp):>9} {fmt_seconds(d.t_out):>9} "
+            f"{fmt_seconds(d.total):>9}")
     lines.append(f"  merge ({pred.comm_path}): {fmt_seconds(pred.t_merge)}")
+    # the terms of the total beside the slowest device and the merge
+    if pred.t_host > 0:
+        lines.append(f"  host's serial work for the shards: {fmt_seconds(pred.t_host)}")
+    if pred.t_dispatch > 0:
+        lines.append(f"  dispatch (the cluster's fixed cost of a decision): "
+                     f"{fmt_seconds(pred.t_dispatch)}")
     return lines
 
 

@@ -121,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"{m.label} {task.describe()} on {agent.machine.name}",
              *(f"note      {note}" for note in agent.notes()),
              f"telemetry {seen or 'none (decided as if every device were idle)'}",
-             f"decision  {decision.describe()}",
-             f"  {'device':<20} {'share':>6} {'seconds':>10}"]
+             f"decision  {decision.describe()}"]
+    # a Dask worker's label is its address: the column widens to hold it
+    width = max([20, *(len(agent.machine.devices[g].label) for g in decision.gpus)])
+    lines.append(f"  {'device':<{width}} {'share':>6} {'seconds':>10}")
     for pos, g in enumerate(decision.gpus):
         if g in m.per_device_seconds:
-            lines.append(f"  {agent.machine.devices[g].label:<20} "
+            lines.append(f"  {agent.machine.devices[g].label:<{width}} "
                          f"{decision.shares[pos]:6.3f} "
                          f"{fmt_seconds(m.per_device_seconds[g]):>10}  {tag}")
     how = [f"{m.backend} backend"]
