@@ -44,7 +44,7 @@ from typing import Any
 
 from lib.contract import BLOCKS, MAX_DEVICES, MEASURING_BACKENDS
 from lib.platform.hostinfo import host_memory_bytes, last_level_cache
-from lib.platform.nvml_topology import bus_key, link_matrix, text
+from lib.platform.nvml_topology import bus_key, link_matrix, start, text
 
 GB = 1e9
 TB = 1e12
@@ -639,18 +639,7 @@ def nvml_machine(nvml: Any = None) -> Machine:
     Raises:
         MachineError: no NVML here, or a GPU NVML cannot describe.
     """
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            raise MachineError("nvml: nvidia-ml-py is not installed "
-                               "(pip install 'gpuhive[gpu]')") from None
-    error = getattr(nvml, "NVMLError", Exception)
-    try:
-        nvml.nvmlInit()
-    except error as exc:
-        raise MachineError(f"nvml: cannot initialise NVML ({exc}); no NVIDIA "
-                           "driver on this machine") from None
+    nvml, error = start(nvml, MachineError, "nvml")
     try:
         handles = [nvml.nvmlDeviceGetHandleByIndex(i)
                    for i in range(int(nvml.nvmlDeviceGetCount()))]

@@ -13,7 +13,8 @@ device's state) read the same two things:
   ancestor (``nvmlDeviceGetTopologyCommonAncestor``), one switch or several
   on one board, a host bridge, or across the CPUs' interconnect.
 
-Every function takes the NVML module as an argument (``pynvml``, or a
+:func:`start` opens NVML for both, with one line where it cannot. Every
+function takes the NVML module as an argument (``pynvml``, or a
 recording replayed with pynvml's names, :class:`lib.platform.telemetry.RecordedNvml`),
 so the same code is tested without a driver. A call that fails counts as no
 link (an unknown PCIe path as the slowest class).
@@ -23,6 +24,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+
+def start(nvml: Any, fail: type[Exception], prefix: str
+          ) -> tuple[Any, type[BaseException]]:
+    """(nvml, its error class): ``nvml`` (``pynvml`` where None) initialised.
+
+    Raises:
+        fail: ``"<prefix>: ..."``, nvidia-ml-py is not installed or NVML
+            cannot start (no NVIDIA driver).
+    """
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            raise fail(f"{prefix}: nvidia-ml-py is not installed "
+                       "(pip install 'gpuhive[gpu]')") from None
+    error = getattr(nvml, "NVMLError", Exception)
+    try:
+        nvml.nvmlInit()
+    except error as exc:
+        raise fail(f"{prefix}: cannot initialise NVML ({exc}); no NVIDIA driver "
+                   "on this machine") from None
+    return nvml, error
+
 
 #: How two devices are connected, fastest first: the diagonal, an active
 #: NVLink, a path through PCIe switches only, a path through a host bridge /

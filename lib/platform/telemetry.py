@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from lib.platform.machines import Machine
-from lib.platform.nvml_topology import bus_key, link_matrix
+from lib.platform.nvml_topology import bus_key, link_matrix, start
 
 #: Utilisation is clipped here so a busy device is slow, never infinitely so.
 MAX_UTILISATION = 0.95
@@ -473,18 +473,7 @@ def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
         TelemetryError: nvidia-ml-py is not installed, or NVML cannot start (no
             NVIDIA driver).
     """
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            raise TelemetryError("NVML telemetry: nvidia-ml-py is not installed "
-                                 "(pip install 'gpuhive[gpu]')") from None
-    error = getattr(nvml, "NVMLError", Exception)
-    try:
-        nvml.nvmlInit()
-    except error as exc:
-        raise TelemetryError(f"NVML telemetry: cannot initialise NVML ({exc}); "
-                             "no NVIDIA driver on this machine") from None
+    nvml, error = start(nvml, TelemetryError, "NVML telemetry")
     try:
         count = int(nvml.nvmlDeviceGetCount())
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
