@@ -153,3 +153,15 @@ def test_the_built_book_shows_no_path_warning_or_wide_output():
     from lib.book import page_problems
 
     assert page_problems(html, ROOT) == []
+
+
+def test_a_table_shows_a_missing_value_as_a_dash():
+    """None and NaN (a bound a row does not have, a check that did not run)
+    show as a dash in the book and the terminal, not as 'None' or 'nan'."""
+    from lib.book import Table
+
+    table = Table([{"what": "quiet", "error %": 7.8, "bound %": 10},
+                   {"what": "all", "error %": float("nan"), "bound %": None}],
+                  formats={"error %": ".1f"})
+    assert table.cells == [["quiet", "7.8", "10"], ["all", "\u2014", "\u2014"]]
+    assert "None" not in repr(table) and "nan" not in table._repr_html_()

@@ -5,6 +5,7 @@ built it."""
 from __future__ import annotations
 
 import html
+import math
 import os
 import time
 from pathlib import Path
@@ -101,7 +102,8 @@ def record(notebook: str, values: dict[str, Any], *, machine: str, backend: str,
 class Table:
     """Rows shown as an HTML table that fits the page (it scrolls inside its
     own box when wider) in the book and JupyterLab, and as aligned text in a
-    terminal. Numbers are formatted by ``formats`` (column -> format spec)."""
+    terminal. Numbers are formatted by ``formats`` (column -> format spec); a
+    missing value (None, NaN) shows as a dash."""
 
     def __init__(self, rows: list[dict[str, Any]], columns: list[str] | None = None,
                  caption: str = "", formats: dict[str, str] | None = None):
@@ -111,6 +113,8 @@ class Table:
                       for r in rows]
 
     def _cell(self, column: str, value: Any) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "\u2014"
         spec = self.formats.get(column)
         if spec and isinstance(value, (int, float)):
             return format(value, spec)
