@@ -592,3 +592,16 @@ def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4):
         with pytest.raises(DecisionRejected, match="device 0"):
             agent.execute(ELEMENTWISE, decide(ELEMENTWISE, (0, 1), (0.5, 0.5), 96))
     assert not launches(cp.gpus.log[mark:], 0)
+
+
+def test_a_profile_of_ones_own_takes_the_gpus_in_pci_bus_order(gpus, hetero4):
+    """CUDA numbers the fastest card first; a profile written by hand lists
+    the cards as nvidia-smi does, by PCI bus. With CUDA's ordinals on buses
+    in the reverse order, profile device 0 (the first bus) runs on ordinal 3."""
+    cp = gpus(bus_ids=[f"0000:{0x80 - 0x10 * o:02X}:00.0" for o in range(DEVICES)])
+    with CudaBackend(hetero4, warmup=0) as b:
+        assert b.device_map == {0: 3, 1: 2, 2: 1, 3: 0}
+    mark = len(cp.gpus.log)
+    result, _ = run(cp, hetero4, ELEMENTWISE, decide(ELEMENTWISE, (0,), (1.0,), 96))
+    assert result.metrics.verified
+    assert launches(cp.gpus.log[mark:], 3) and not launches(cp.gpus.log[mark:], 0)

@@ -39,9 +39,11 @@ recorded with whether it had peer access (``peer_copies``).
 the ``nvml`` profile (devices in NVML order) the map is made by PCI bus id
 (:func:`map_by_bus_id`): CUDA numbers devices its own way (fastest first, after
 ``CUDA_VISIBLE_DEVICES``), so NVML index ``i`` is not CUDA device ``i`` in
-general. A device CUDA does not see has no ordinal, and a decision naming it
-fails with an :class:`~lib.execution.base.ExecutionError`. Several profile
-devices may share one ordinal (several shards on one physical GPU).
+general. Any other profile's devices are the GPUs CUDA sees in PCI bus order
+(``nvidia-smi``'s numbering). A device CUDA does not see has no ordinal: the
+agent does not decide for it, and a decision naming it fails with an
+:class:`~lib.execution.base.ExecutionError`. Several profile devices may share
+one ordinal (several shards on one physical GPU).
 
 **Failures.** A device fault (:func:`is_device_fault`: out of memory, or a CUDA
 error that is not a caller error) raises
@@ -392,7 +394,8 @@ class CudaBackend:
             plane's template provider (Gate 2a on every source).
         allow_replan: re-plan once on the remaining devices when one faults.
         device_map: profile index -> CUDA ordinal; default by PCI bus id for the
-            ``nvml`` profile, identity otherwise. Ordinals may repeat.
+            ``nvml`` profile; for any other, its devices are the GPUs CUDA
+            sees in PCI bus order (:meth:`_bus_order_map`). Ordinals may repeat.
 
     Raises:
         BackendUnavailable: no usable CUDA, a non-GPU profile, or devices that
@@ -423,7 +426,7 @@ class CudaBackend:
         elif machine.name == "nvml":
             self.device_map = self._nvml_map(found.devices)
         else:
-            self.device_map = {i: i for i in range(machine.n)}
+            self.device_map = self._bus_order_map(found.devices)
         stray = sorted({o for o in self.device_map.values()
                         if not 0 <= o < found.devices})
         if stray or len(self.device_map) < min(machine.n, 1):
@@ -449,6 +452,26 @@ class CudaBackend:
         """The profile devices this backend can run a shard on: those with a
         CUDA ordinal (a GPU ``CUDA_VISIBLE_DEVICES`` hides has none)."""
         return tuple(sorted(self.device_map))
+
+    def _bus_order_map(self, cuda_count: int) -> dict[int, int]:
+        """A profile's devices are the GPUs CUDA sees, in PCI bus order: the
+        order ``nvidia-smi`` numbers them, which a profile written by hand
+        follows. CUDA's own numbering puts the fastest card first (unless
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), so on a computer of mixed cards
+        ordinal ``i`` is not the profile's device ``i``. Identity where the
+        bus ids cannot be read, or the profile names more devices than CUDA
+        sees (which the constructor then refuses)."""
+        identity = {i: i for i in range(self.machine.n)}
+        if self.machine.n > cuda_count:
+            return identity
+        try:
+            runtime = self.cp.cuda.runtime
+            buses = [normalise_bus_id(runtime.deviceGetPCIBusId(o))
+                     for o in range(cuda_count)]
+        except Exception:
+            return identity
+        order = sorted(range(cuda_count), key=buses.__getitem__)
+        return {i: order[i] for i in range(self.machine.n)}
 
     def _nvml_map(self, cuda_count: int) -> dict[int, int]:
         """The nvml profile's devices mapped by PCI bus id (see
