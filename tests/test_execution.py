@@ -349,3 +349,32 @@ def test_a_run_cut_short_leaves_the_workers_right_for_the_next(local_cpu, monkey
         for _ in range(3):
             r = backend.run(small, d, verify=True)
             assert r.metrics.verified, r.metrics.max_abs_error
+
+
+def test_a_run_too_large_for_the_computers_memory_is_refused_before_it_starts(
+        local_cpu, monkeypatch):
+    """A run that would take more than the available memory (here, as the
+    OS is made to report 1 GB) is one line with both figures, raised before
+    the inputs are made or a worker starts, instead of the out-of-memory
+    killer ending a process; a run that fits goes ahead."""
+    from lib.execution import cpu as cpu_module
+    from lib.execution.cpu import HostMemoryError, check_host_memory, host_bytes_needed
+
+    task = TaskSpec("elementwise", {"N": 50_000_000})   # 0.6 GB footprint
+    assert host_bytes_needed(task, verify=True) > host_bytes_needed(task)
+    check_host_memory(task, available=1e12)              # fits: no error
+    with pytest.raises(HostMemoryError) as err:
+        check_host_memory(task, verify=True, available=1e9)
+    text = str(err.value)
+    assert "elementwise[N=50000000]" in text and "1.0 GB is available" in text
+    assert "with --verify" in text and "\n" not in text
+    monkeypatch.setattr(cpu_module, "available_memory_bytes", lambda: 1e9)
+    d = EqualSplit().decide(task, local_cpu).with_hash(task)
+    with CpuBackend(local_cpu) as b:
+        with pytest.raises(HostMemoryError):
+            b.run(task, d)
+        assert b.workers == []   # refused before a worker started
+    small = TaskSpec("elementwise", {"N": 1000})
+    with CpuBackend(local_cpu) as b:
+        assert b.run(small, EqualSplit().decide(small, local_cpu).with_hash(small),
+                     verify=True).metrics.verified

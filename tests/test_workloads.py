@@ -105,3 +105,55 @@ def test_work_counts():
     assert w.bytes_in_rows == 4 * 10 * 20 and w.bytes_in_fixed == 4 * 20 * 50
     assert w.bytes_out == 4 * 10 * 50
     assert workload(task).work(task, 0).footprint == 0
+
+
+def test_inputs_drawn_in_blocks_are_those_of_one_draw(monkeypatch):
+    """Inputs are drawn a block at a time (so making one takes little more
+    memory than it), and are the values one draw of the whole gives."""
+    from lib.platform import workloads as wl
+
+    task = TaskSpec("matmul", {"M": 37, "N": 5, "K": 29})
+    whole = workload(task).make_inputs(task, 7)
+    monkeypatch.setattr(wl, "DRAW_BLOCK", 100)   # many blocks, one partial
+    blocks = workload(task).make_inputs(task, 7)
+    for name in whole:
+        assert np.array_equal(whole[name], blocks[name])
+    rng = np.random.default_rng(7)
+    expected = rng.uniform(-1, 1, size=(37, 29)).astype(np.float32)
+    assert np.array_equal(blocks["A"], expected)
+    for dtype in ("fp16", "bf16", "fp64"):
+        t = TaskSpec("elementwise", {"N": 1001}, dtype=dtype)
+        x = workload(t).make_inputs(t, 3)["x"]
+        one = np.random.default_rng(3).uniform(-1, 1, size=1001)
+        one = one.astype(np.float64 if dtype == "fp64" else np.float32)
+        one = round_bf16(one) if dtype == "bf16" else one.astype(x.dtype)
+        assert np.array_equal(x, one), dtype
+
+
+def test_histogram_counts_in_blocks_as_in_one(monkeypatch):
+    from lib.platform import workloads as wl
+
+    task = TaskSpec("histogram", {"N": 10_007, "B": 13})
+    w = workload(task)
+    x = w.make_inputs(task, 1)["x"]
+    one = np.bincount(np.clip((x * np.float32(13)).astype(np.int64), 0, 12),
+                      minlength=13)
+    monkeypatch.setattr(wl, "DRAW_BLOCK", 1000)
+    got = w.compute(task, {"x": x}, 0, 10_007)
+    assert got.dtype == np.int64 and np.array_equal(got, one)
+
+
+def test_verify_compares_in_blocks_and_fails_on_nan_and_inf(monkeypatch):
+    from lib.platform import workloads as wl
+
+    monkeypatch.setattr(wl, "VERIFY_BLOCK", 64)
+    task = TaskSpec("elementwise", {"N": 1000})
+    ref = np.linspace(-1, 1, 1000, dtype=np.float32)
+    assert verify(task, ref.copy(), ref) == (True, 0.0)
+    for bad, err in ((np.nan, None), (np.inf, np.inf), (2.0, None)):
+        out = ref.copy()
+        out[999] = bad   # in the last, partial block
+        ok, got = verify(task, out, ref)
+        assert not ok
+        assert (np.isnan(got) if err is None and np.isnan(bad) else
+                got == err if err is not None else got > 0.5)

@@ -54,6 +54,7 @@ a change to either end is a change to both, read in one place.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shutil
 import signal
@@ -79,6 +80,7 @@ from lib.execution.base import (
     repeat_timed,
 )
 from lib.execution.shm import reclaim_orphans, shm_root
+from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
 from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
@@ -89,6 +91,51 @@ from lib.platform.workloads import verify as verify_output
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "MKL_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
 _ENV_LOCK = threading.Lock()
+
+
+#: What ``verify`` adds to a run's
+#: :attr:`~lib.platform.workloads.Workload.host_footprints`: the reference's
+#: own result and temporaries. MEASURED peaks on local-cpu
+#: (MemAvailable sampled every 5 ms, runs of 0.6 to 6 GB footprints of each
+#: kind): 1.3 to 2.9 footprints, 1.6 to 3.4 with ``verify``.
+VERIFY_FOOTPRINTS = 1.0
+#: The share of the available memory a run may plan to take; the rest is for
+#: the workers' temporaries and the other processes.
+HOST_MEMORY_SHARE = 0.9
+
+
+class HostMemoryError(ExecutionError):
+    """A run would need more of this computer's memory than is available."""
+
+
+def host_bytes_needed(task: TaskSpec, verify: bool = False) -> float:
+    """Bytes of this computer's memory a run of ``task`` may hold at once:
+    its kind's ``host_footprints`` whole-task footprints, and
+    :data:`VERIFY_FOOTPRINTS` more with ``verify``."""
+    w = workload(task)
+    footprint = w.total_work(task).footprint
+    return footprint * (w.host_footprints + (VERIFY_FOOTPRINTS if verify else 0.0))
+
+
+def check_host_memory(task: TaskSpec, verify: bool = False,
+                      available: float | None = None) -> None:
+    """Refuse a run that would take more than :data:`HOST_MEMORY_SHARE` of
+    the available memory (``MemAvailable``), before it allocates anything:
+    past it the kernel's out-of-memory killer ends a process, perhaps the
+    user's notebook. Nothing is refused where the OS does not say.
+
+    Raises:
+        HostMemoryError: one line with both figures.
+    """
+    available = available_memory_bytes() if available is None else available
+    need = host_bytes_needed(task, verify)
+    if available is not None and need > HOST_MEMORY_SHARE * available:
+        raise HostMemoryError(
+            f"cpu backend: {task.describe()} may need {need / 1e9:.1f} GB of "
+            f"this computer's memory (its inputs and output, shared with the "
+            f"workers, the result and the workers' temporaries"
+            f"{'; with --verify also the reference' if verify else ''}), and "
+            f"{available / 1e9:.1f} GB is available: run a smaller task")
 
 
 #: glibc's mallopt parameters (``malloc.h``).
@@ -409,14 +456,19 @@ class CpuBackend:
             verify: bool = False) -> Result:
         """Run the decision on the workers; MEASURED times, medians of repeats."""
         check_devices(decision, self.machine)
+        check_host_memory(task, verify)
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)
         self.start()
         root = tempfile.mkdtemp(prefix=f"gpuhive-{os.getpid()}-", dir=shm_root())
+        ok, err = None, None
         try:
-            descs = {name: self._to_shared(root, name, arr)
-                     for name, arr in inputs.items()}
+            # each input moves to the memory shared with the workers: this
+            # process keeps no copy of its own (the reference reads the same)
+            descs = {}
+            for name in list(inputs):
+                descs[name] = self._to_shared(root, name, inputs.pop(name))
             active = [pos for pos, (lo, hi) in enumerate(bounds) if hi > lo]
             if task.merge == "concat":
                 shape = w.output_shape(task, task.split_size)
@@ -440,13 +492,17 @@ class CpuBackend:
                 if task.merge == "sum":
                     merged = w.merge(task, [out[p] for p in active])
                 # Concat shards already sit in place in the host buffer: the
-                # copy out of the temporary mapping is not part of the run.
+                # copy out of the temporary mapping is not part of the run,
+                # and only the last run's result is kept.
                 elapsed = time.perf_counter() - start
                 if task.merge == "concat":
-                    merged = np.array(out)
+                    merged = np.array(out) if last else None
                 return merged, times, elapsed
 
             result, per_dev, totals = repeat_timed(once, self.warmup, self.repeats)
+            if verify:
+                ok, err = verify_output(task, result, w.reference(
+                    task, {n: self._from_shared(d) for n, d in descs.items()}))
         except BaseException:
             self._release()  # a run cut short: its last jobs never went out
             raise
@@ -454,9 +510,6 @@ class CpuBackend:
             shutil.rmtree(root, ignore_errors=True)
         timed_cpu = cpu_runs[self.warmup:]  # as repeat_timed: warm-ups first
         timed_overhead = overhead_runs[self.warmup:]
-        ok, err = None, None
-        if verify:
-            ok, err = verify_output(task, result, w.reference(task, inputs))
         metrics = ExecutionMetrics(
             backend="cpu", measured=True,
             per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
@@ -479,6 +532,15 @@ class CpuBackend:
             mm.flush()
             del mm
         return (path, arr.dtype.str, arr.shape)
+
+    @staticmethod
+    def _from_shared(desc) -> np.ndarray:
+        """The array :meth:`_to_shared` wrote, mapped copy-on-write (a
+        reference that writes to its inputs changes no one else's)."""
+        path, dtype, shape = desc
+        if not math.prod(shape):
+            return np.empty(shape, dtype=np.dtype(dtype))
+        return np.memmap(path, dtype=np.dtype(dtype), mode="c", shape=shape)
 
     def _dispatch(self, task, decision, bounds, active, descs, out_desc,
                   last=False):

@@ -54,3 +54,16 @@ def host_memory_bytes() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 8.0 * 2**30
+
+
+def available_memory_bytes(meminfo: str = "/proc/meminfo") -> float | None:
+    """Memory a new allocation can have without swapping (``MemAvailable``),
+    bytes; None where the OS does not say."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        return None
+    return None

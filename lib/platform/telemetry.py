@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
 from lib.platform.nvml_topology import bus_key, link_matrix, start
 
@@ -742,11 +743,11 @@ def _proc_stat_times() -> dict[int, tuple[int, int]]:
 
 
 def _mem_available_bytes() -> float:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024.0
-    raise TelemetryError("local-cpu telemetry: /proc/meminfo has no MemAvailable")
+    available = available_memory_bytes()
+    if available is None:
+        raise TelemetryError("local-cpu telemetry: /proc/meminfo has no "
+                             "MemAvailable")
+    return available
 
 
 def local_cpu_snapshot(machine: Machine, interval: float = 0.1,
