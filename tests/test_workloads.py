@@ -157,3 +157,35 @@ def test_verify_compares_in_blocks_and_fails_on_nan_and_inf(monkeypatch):
         assert not ok
         assert (np.isnan(got) if err is None and np.isnan(bad) else
                 got == err if err is not None else got > 0.5)
+
+
+CASES = [("matmul", {"M": 53, "N": 7, "K": 31}), ("reduce", {"N": 5003}),
+         ("elementwise", {"N": 4001}), ("stencil", {"H": 61, "W": 19, "T": 3}),
+         ("histogram", {"N": 3001, "B": 9})]
+
+
+@pytest.mark.parametrize(("kind", "dims"), CASES, ids=[k for k, _ in CASES])
+@pytest.mark.parametrize("dtype", ["fp32", "fp64", "fp16", "bf16"])
+def test_a_shards_inputs_made_alone_are_those_cut_from_the_whole(
+        kind, dims, dtype, monkeypatch):
+    """A Dask worker makes its shard's inputs alone, drawing only the rows it
+    needs (and a stencil's halo); they are the values, types and shapes the
+    shard would have cut from the whole task's inputs, for every kind and
+    dtype, over several blocks and for a shard with no rows."""
+    from lib.platform import workloads as wl
+
+    task = TaskSpec(kind, dims, dtype=dtype)
+    try:
+        w = workload(task)
+    except ValueError:
+        pytest.skip(f"{kind} has no {dtype}")
+    monkeypatch.setattr(wl, "DRAW_BLOCK", 97)
+    whole = w.make_inputs(task, 5)
+    n = task.split_size
+    for lo, hi in ((0, n), (0, 1), (n - 1, n), (n // 3, 2 * n // 3), (5, 5)):
+        alone = w.make_shard_inputs(task, 5, lo, hi)
+        cut = w.shard_inputs(task, whole, lo, hi)
+        assert alone.keys() == cut.keys()
+        for name in cut:
+            assert alone[name].dtype == cut[name].dtype
+            assert np.array_equal(alone[name], cut[name]), (lo, hi, name)

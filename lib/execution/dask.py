@@ -95,14 +95,15 @@ def _here() -> str:
 
 def _place(task_json: dict, seed: int, lo: int, hi: int,
            kind: bytes | None = None) -> dict[str, np.ndarray]:
-    """Generate the inputs from the seed and keep one shard's rows (copies, so
-    the whole inputs are freed); ``kind`` registers a user's kind here first
+    """Make one shard's inputs from the seed
+    (:meth:`~lib.platform.workloads.Workload.make_shard_inputs`: a built-in
+    kind draws only the shard's rows, so a worker never holds the whole
+    task's inputs; a user's kind makes them whole and keeps a copy of the
+    shard's); ``kind`` registers a user's kind here first
     (:func:`~lib.platform.workloads.kind_payload`)."""
     adopt_kind(kind)
     task = TaskSpec.from_json(task_json)
-    w = workload(task)
-    shard = w.shard_inputs(task, w.make_inputs(task, seed), lo, hi)
-    return {k: np.array(v, copy=True) for k, v in shard.items()}
+    return workload(task).make_shard_inputs(task, seed, lo, hi)
 
 
 def _shard(placed: dict[str, np.ndarray], task_json: dict, lo: int, hi: int,

@@ -128,18 +128,30 @@ DRAW_BLOCK = 1 << 20
 
 
 def _uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
-             low: float = 0.0, high: float = 1.0) -> np.ndarray:
+             low: float = 0.0, high: float = 1.0,
+             rows: tuple[int, int] | None = None) -> np.ndarray:
     """Uniform values in ``dtype``'s host type, drawn :data:`DRAW_BLOCK` at a
     time (the same values as one draw of the whole: each takes the next of
-    the generator's numbers), rounded through float32 as the devices hold
-    them."""
-    out = np.empty(shape, dtype=host_dtype(dtype))
+    the generator's 64-bit numbers), rounded through float32 as the devices
+    hold them.
+
+    ``rows=(lo, hi)``: only rows ``[lo, hi)`` of the first axis, the values
+    the whole draw would give them; the generator skips the rest
+    (``advance``), so it ends where the whole draw would, and the next input
+    drawn from it is the same too."""
+    lo, hi = rows if rows is not None else (0, shape[0] if shape else 1)
+    per_row = math.prod(shape[1:])
+    out = np.empty((hi - lo, *shape[1:]), dtype=host_dtype(dtype))
     flat = out.reshape(-1)
     step = np.float64 if dtype == "fp64" else np.float32
-    for lo in range(0, flat.size, DRAW_BLOCK):
-        x = rng.uniform(low, high, size=min(DRAW_BLOCK, flat.size - lo)).astype(step)
-        flat[lo:lo + x.size] = round_bf16(x) if dtype == "bf16" else x
-    return out
+    if lo:
+        rng.bit_generator.advance(lo * per_row)
+    for start in range(0, flat.size, DRAW_BLOCK):
+        x = rng.uniform(low, high, size=min(DRAW_BLOCK, flat.size - start)).astype(step)
+        flat[start:start + x.size] = round_bf16(x) if dtype == "bf16" else x
+    if rows is not None and hi < shape[0]:
+        rng.bit_generator.advance((shape[0] - hi) * per_row)
+    return out if rows is not None else out.reshape(shape)
 
 
 class Workload:
@@ -171,6 +183,16 @@ class Workload:
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         """Views of the inputs one shard needs (no copies)."""
         raise NotImplementedError
+
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        """What :meth:`shard_inputs` takes from :meth:`make_inputs`, made on
+        its own (a Dask worker makes its shard's inputs from the seed): the
+        same values, as arrays of their own. This default makes the whole
+        inputs and copies the shard's out of them; the built-in kinds draw
+        only the rows the shard needs."""
+        shard = self.shard_inputs(task, self.make_inputs(task, seed), lo, hi)
+        return {k: np.array(v, copy=True) for k, v in shard.items()}
 
     def compute(self, task: TaskSpec, shard: Arrays, lo: int, hi: int) -> np.ndarray:
         """The shard's partial result, computed with NumPy."""
@@ -223,9 +245,17 @@ class Matmul(Workload):
         )
 
     def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        return self._draw(task, seed, None)
+
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        return self._draw(task, seed, (lo, hi))
+
+    def _draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+              ) -> Arrays:
         m, n, k = task.dims.values()
         rng = np.random.default_rng(seed)
-        return {"A": _uniform(rng, (m, k), task.dtype, -1, 1),
+        return {"A": _uniform(rng, (m, k), task.dtype, -1, 1, rows),
                 "B": _uniform(rng, (k, n), task.dtype, -1, 1)}
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
@@ -265,6 +295,11 @@ class Reduce(Workload):
         rng = np.random.default_rng(seed)
         return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
 
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        rng = np.random.default_rng(seed)
+        return {"x": _uniform(rng, (task.dims["N"],), task.dtype, rows=(lo, hi))}
+
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         return {"x": inputs["x"][lo:hi]}
 
@@ -298,10 +333,18 @@ class Elementwise(Workload):
                          bytes_out=float(e * rows), footprint=3.0 * e * rows)
 
     def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        return self._draw(task, seed, None)
+
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        return self._draw(task, seed, (lo, hi))
+
+    def _draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+              ) -> Arrays:
         rng = np.random.default_rng(seed)
         n = task.dims["N"]
-        return {"x": _uniform(rng, (n,), task.dtype, -1, 1),
-                "y": _uniform(rng, (n,), task.dtype, -1, 1)}
+        return {"x": _uniform(rng, (n,), task.dtype, -1, 1, rows),
+                "y": _uniform(rng, (n,), task.dtype, -1, 1, rows)}
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         return {"x": inputs["x"][lo:hi], "y": inputs["y"][lo:hi]}
@@ -348,6 +391,12 @@ class Stencil(Workload):
         h, w, _ = task.dims.values()
         return {"u": _uniform(np.random.default_rng(seed), (h, w), task.dtype)}
 
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        h, w, _ = task.dims.values()   # the band: the shard's rows and halo
+        return {"u": _uniform(np.random.default_rng(seed), (h, w), task.dtype,
+                              rows=self._band(task, lo, hi))}
+
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         a, b = self._band(task, lo, hi)
         return {"u": inputs["u"][a:b]}
@@ -387,6 +436,11 @@ class Histogram(Workload):
     def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
         rng = np.random.default_rng(seed)
         return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
+
+    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
+                          ) -> Arrays:
+        rng = np.random.default_rng(seed)
+        return {"x": _uniform(rng, (task.dims["N"],), task.dtype, rows=(lo, hi))}
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         return {"x": inputs["x"][lo:hi]}
