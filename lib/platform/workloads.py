@@ -154,6 +154,12 @@ def _uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
     return out if rows is not None else out.reshape(shape)
 
 
+def _draw_x(task: TaskSpec, seed: int, rows: tuple[int, int] | None) -> Arrays:
+    """``x[N]`` uniform in [0, 1), whole or rows ``[lo, hi)`` of it."""
+    return {"x": _uniform(np.random.default_rng(seed), (task.dims["N"],),
+                          task.dtype, rows=rows)}
+
+
 class Workload:
     """Base class: one workload kind. Subclasses fill in the formulas."""
 
@@ -178,6 +184,15 @@ class Workload:
         return self.work(task, task.split_size)
 
     def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
+        """The whole task's inputs, seeded (:meth:`draw` with no rows)."""
+        return self.draw(task, seed, None)
+
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
+        """The inputs from the seed: the whole task's (``rows`` None), or what
+        the shard of rows ``[lo, hi)`` needs, the values the whole would
+        give it. A kind that makes its inputs whole only overrides
+        :meth:`make_inputs` instead."""
         raise NotImplementedError
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
@@ -188,9 +203,11 @@ class Workload:
                           ) -> Arrays:
         """What :meth:`shard_inputs` takes from :meth:`make_inputs`, made on
         its own (a Dask worker makes its shard's inputs from the seed): the
-        same values, as arrays of their own. This default makes the whole
-        inputs and copies the shard's out of them; the built-in kinds draw
-        only the rows the shard needs."""
+        same values, as arrays of their own. A built-in kind draws only the
+        rows the shard needs (:meth:`draw`); a kind that makes its inputs
+        whole only has them made and copies the shard's out."""
+        if type(self).draw is not Workload.draw:
+            return self.draw(task, seed, (lo, hi))
         shard = self.shard_inputs(task, self.make_inputs(task, seed), lo, hi)
         return {k: np.array(v, copy=True) for k, v in shard.items()}
 
@@ -244,15 +261,8 @@ class Matmul(Workload):
             footprint=float(e * (rows * k + k * n + rows * n)) if rows else 0.0,
         )
 
-    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
-        return self._draw(task, seed, None)
-
-    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
-                          ) -> Arrays:
-        return self._draw(task, seed, (lo, hi))
-
-    def _draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
-              ) -> Arrays:
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
         m, n, k = task.dims.values()
         rng = np.random.default_rng(seed)
         return {"A": _uniform(rng, (m, k), task.dtype, -1, 1, rows),
@@ -291,14 +301,9 @@ class Reduce(Workload):
                          bytes_out=out if rows else 0.0,
                          footprint=float(e * rows + 4096) if rows else 0.0)
 
-    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
-        rng = np.random.default_rng(seed)
-        return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
-
-    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
-                          ) -> Arrays:
-        rng = np.random.default_rng(seed)
-        return {"x": _uniform(rng, (task.dims["N"],), task.dtype, rows=(lo, hi))}
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
+        return _draw_x(task, seed, rows)
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         return {"x": inputs["x"][lo:hi]}
@@ -332,15 +337,8 @@ class Elementwise(Workload):
                          bytes_in_rows=2.0 * e * rows, bytes_in_fixed=0.0,
                          bytes_out=float(e * rows), footprint=3.0 * e * rows)
 
-    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
-        return self._draw(task, seed, None)
-
-    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
-                          ) -> Arrays:
-        return self._draw(task, seed, (lo, hi))
-
-    def _draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
-              ) -> Arrays:
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
         rng = np.random.default_rng(seed)
         n = task.dims["N"]
         return {"x": _uniform(rng, (n,), task.dtype, -1, 1, rows),
@@ -387,15 +385,11 @@ class Stencil(Workload):
             bytes_out=float(e * rows * w), footprint=2.0 * e * band * w,
         )
 
-    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
-        h, w, _ = task.dims.values()
-        return {"u": _uniform(np.random.default_rng(seed), (h, w), task.dtype)}
-
-    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
-                          ) -> Arrays:
-        h, w, _ = task.dims.values()   # the band: the shard's rows and halo
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
+        h, w, _ = task.dims.values()   # a shard's band: its rows and halo
         return {"u": _uniform(np.random.default_rng(seed), (h, w), task.dtype,
-                              rows=self._band(task, lo, hi))}
+                              rows=None if rows is None else self._band(task, *rows))}
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         a, b = self._band(task, lo, hi)
@@ -433,14 +427,9 @@ class Histogram(Workload):
                          bytes_out=4.0 * bins if rows else 0.0,
                          footprint=float(e * rows + 4 * bins) if rows else 0.0)
 
-    def make_inputs(self, task: TaskSpec, seed: int = 0) -> Arrays:
-        rng = np.random.default_rng(seed)
-        return {"x": _uniform(rng, (task.dims["N"],), task.dtype)}
-
-    def make_shard_inputs(self, task: TaskSpec, seed: int, lo: int, hi: int
-                          ) -> Arrays:
-        rng = np.random.default_rng(seed)
-        return {"x": _uniform(rng, (task.dims["N"],), task.dtype, rows=(lo, hi))}
+    def draw(self, task: TaskSpec, seed: int, rows: tuple[int, int] | None
+             ) -> Arrays:
+        return _draw_x(task, seed, rows)
 
     def shard_inputs(self, task: TaskSpec, inputs: Arrays, lo: int, hi: int) -> Arrays:
         return {"x": inputs["x"][lo:hi]}
