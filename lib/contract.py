@@ -284,9 +284,11 @@ def _expect_fields(obj: Any, what: str, allowed: Sequence[str],
     unknown = [k for k in obj if k not in allowed]
     if unknown:
         raise ContractError(f"{what}.{unknown[0]}", "unknown field")
-    missing = [k for k in allowed if k not in obj and k not in optional]
+    required = [k for k in allowed if k not in optional]
+    missing = [k for k in required if k not in obj]
     if missing:
-        raise ContractError(f"{what}.{missing[0]}", "missing field")
+        raise ContractError(f"{what}.{missing[0]}", f"missing field (a {what} "
+                            f"has {', '.join(required)})")
     return obj
 
 

@@ -780,9 +780,14 @@ inline const Json& expect_fields(const Json& obj, const std::string& what,
         if (std::find_if(allowed.begin(), allowed.end(),
                          [&](const char* a) { return k == a; }) == allowed.end())
             throw ContractError(what + "." + k, "unknown field");
+    std::string required;  // named in the message, as Python's reader does
+    for (const char* a : allowed)
+        if (!(optional && std::strcmp(a, optional) == 0))
+            required += (required.empty() ? "" : ", ") + std::string(a);
     for (const char* a : allowed)
         if (!obj.has(a) && !(optional && std::strcmp(a, optional) == 0))
-            throw ContractError(what + "." + a, "missing field");
+            throw ContractError(what + "." + a, "missing field (a " + what + " has " +
+                                                    required + ")");
     return obj;
 }
 
