@@ -605,3 +605,20 @@ def test_a_profile_of_ones_own_takes_the_gpus_in_pci_bus_order(gpus, hetero4):
     result, _ = run(cp, hetero4, ELEMENTWISE, decide(ELEMENTWISE, (0,), (1.0,), 96))
     assert result.metrics.verified
     assert launches(cp.gpus.log[mark:], 3) and not launches(cp.gpus.log[mark:], 0)
+
+
+def test_the_hosts_memory_is_checked_before_a_run_on_the_gpus(gpus, hetero4,
+                                                             monkeypatch):
+    """The host holds the whole task's inputs and result on the way to and
+    from the GPUs: a run it has no room for is one line before anything is
+    made or copied."""
+    from lib.execution import base
+    from lib.execution.base import HostMemoryError
+
+    cp = gpus()
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1e5)
+    mark = len(cp.gpus.log)
+    with CudaBackend(hetero4, warmup=0) as b, \
+            pytest.raises(HostMemoryError, match=r"^cuda backend: elementwise"):
+        b.run(ELEMENTWISE, decide(ELEMENTWISE, (0, 1), (0.5, 0.5), 96))
+    assert not [e for e in cp.gpus.log[mark:] if e[0] == "launch"]

@@ -357,8 +357,8 @@ def test_a_run_too_large_for_the_computers_memory_is_refused_before_it_starts(
     OS is made to report 1 GB) is one line with both figures, raised before
     the inputs are made or a worker starts, instead of the out-of-memory
     killer ending a process; a run that fits goes ahead."""
-    from lib.execution import cpu as cpu_module
-    from lib.execution.cpu import HostMemoryError, check_host_memory, host_bytes_needed
+    from lib.execution import base
+    from lib.execution.base import HostMemoryError, check_host_memory, host_bytes_needed
 
     task = TaskSpec("elementwise", {"N": 50_000_000})   # 0.6 GB footprint
     assert host_bytes_needed(task, verify=True) > host_bytes_needed(task)
@@ -368,7 +368,7 @@ def test_a_run_too_large_for_the_computers_memory_is_refused_before_it_starts(
     text = str(err.value)
     assert "elementwise[N=50000000]" in text and "1.0 GB is available" in text
     assert "with --verify" in text and "\n" not in text
-    monkeypatch.setattr(cpu_module, "available_memory_bytes", lambda: 1e9)
+    monkeypatch.setattr(base, "available_memory_bytes", lambda: 1e9)
     d = EqualSplit().decide(task, local_cpu).with_hash(task)
     with CpuBackend(local_cpu) as b:
         with pytest.raises(HostMemoryError):

@@ -14,7 +14,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from lib.contract import Decision, TaskSpec
+from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
+from lib.platform.workloads import workload
 
 
 class BackendUnavailable(RuntimeError):
@@ -40,6 +42,55 @@ class DeviceError(ExecutionError):
         super().__init__(
             f"device {label} failed on shard {shard} (rows {rows[0]}:{rows[1]}) of "
             f"decision {config_hash[:12] or '(unhashed)'}: {reason}")
+
+
+#: What ``verify`` adds to a run's
+#: :attr:`~lib.platform.workloads.Workload.host_footprints`: the reference's
+#: own result and temporaries. MEASURED peaks of the cpu backend on
+#: local-cpu (MemAvailable sampled every 5 ms, runs of 0.6 to 6 GB footprints
+#: of each kind): 1.3 to 2.9 footprints, 1.6 to 3.4 with ``verify``. The cuda
+#: backend's host holds the same inputs, result and reference, and is held
+#: to the same figures (not measured: no GPU here).
+VERIFY_FOOTPRINTS = 1.0
+#: The share of the available memory a run may plan to take; the rest is for
+#: the workers' temporaries and the other processes.
+HOST_MEMORY_SHARE = 0.9
+
+
+class HostMemoryError(ExecutionError):
+    """A run would need more of this computer's memory than is available."""
+
+
+def host_bytes_needed(task: TaskSpec, verify: bool = False) -> float:
+    """Bytes of this computer's memory a run of ``task`` may hold at once:
+    its kind's ``host_footprints`` whole-task footprints, and
+    :data:`VERIFY_FOOTPRINTS` more with ``verify``."""
+    w = workload(task)
+    footprint = w.total_work(task).footprint
+    return footprint * (w.host_footprints + (VERIFY_FOOTPRINTS if verify else 0.0))
+
+
+def check_host_memory(task: TaskSpec, verify: bool = False,
+                      available: float | None = None, backend: str = "cpu") -> None:
+    """Refuse a run on ``backend`` that would take more than
+    :data:`HOST_MEMORY_SHARE` of the available memory (``MemAvailable``),
+    before it allocates anything:
+    past it the kernel's out-of-memory killer ends a process, perhaps the
+    user's notebook. Nothing is refused where the OS does not say.
+
+    Raises:
+        HostMemoryError: one line with both figures.
+    """
+    available = available_memory_bytes() if available is None else available
+    need = host_bytes_needed(task, verify)
+    if available is not None and need > HOST_MEMORY_SHARE * available:
+        raise HostMemoryError(
+            f"{backend} backend: {task.describe()} may need {need / 1e9:.1f} GB of "
+            f"this computer's memory (its inputs and output, shared with the "
+            f"workers, the result and the workers' temporaries"
+            f"{'; with --verify also the reference' if verify else ''}), and "
+            f"{available / 1e9:.1f} GB is available: run a smaller task")
+
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,10 @@ from lib.execution.base import (
     ExecutionMetrics,
     Result,
     check_devices,
+    check_host_memory,
     repeat_timed,
 )
 from lib.execution.shm import reclaim_orphans, shm_root
-from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
 from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
@@ -91,51 +91,6 @@ from lib.platform.workloads import verify as verify_output
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "MKL_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
 _ENV_LOCK = threading.Lock()
-
-
-#: What ``verify`` adds to a run's
-#: :attr:`~lib.platform.workloads.Workload.host_footprints`: the reference's
-#: own result and temporaries. MEASURED peaks on local-cpu
-#: (MemAvailable sampled every 5 ms, runs of 0.6 to 6 GB footprints of each
-#: kind): 1.3 to 2.9 footprints, 1.6 to 3.4 with ``verify``.
-VERIFY_FOOTPRINTS = 1.0
-#: The share of the available memory a run may plan to take; the rest is for
-#: the workers' temporaries and the other processes.
-HOST_MEMORY_SHARE = 0.9
-
-
-class HostMemoryError(ExecutionError):
-    """A run would need more of this computer's memory than is available."""
-
-
-def host_bytes_needed(task: TaskSpec, verify: bool = False) -> float:
-    """Bytes of this computer's memory a run of ``task`` may hold at once:
-    its kind's ``host_footprints`` whole-task footprints, and
-    :data:`VERIFY_FOOTPRINTS` more with ``verify``."""
-    w = workload(task)
-    footprint = w.total_work(task).footprint
-    return footprint * (w.host_footprints + (VERIFY_FOOTPRINTS if verify else 0.0))
-
-
-def check_host_memory(task: TaskSpec, verify: bool = False,
-                      available: float | None = None) -> None:
-    """Refuse a run that would take more than :data:`HOST_MEMORY_SHARE` of
-    the available memory (``MemAvailable``), before it allocates anything:
-    past it the kernel's out-of-memory killer ends a process, perhaps the
-    user's notebook. Nothing is refused where the OS does not say.
-
-    Raises:
-        HostMemoryError: one line with both figures.
-    """
-    available = available_memory_bytes() if available is None else available
-    need = host_bytes_needed(task, verify)
-    if available is not None and need > HOST_MEMORY_SHARE * available:
-        raise HostMemoryError(
-            f"cpu backend: {task.describe()} may need {need / 1e9:.1f} GB of "
-            f"this computer's memory (its inputs and output, shared with the "
-            f"workers, the result and the workers' temporaries"
-            f"{'; with --verify also the reference' if verify else ''}), and "
-            f"{available / 1e9:.1f} GB is available: run a smaller task")
 
 
 #: glibc's mallopt parameters (``malloc.h``).
@@ -456,7 +411,7 @@ class CpuBackend:
             verify: bool = False) -> Result:
         """Run the decision on the workers; MEASURED times, medians of repeats."""
         check_devices(decision, self.machine)
-        check_host_memory(task, verify)
+        check_host_memory(task, verify, backend="cpu")
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)

@@ -87,6 +87,7 @@ from lib.execution.base import (
     ExecutionError,
     ExecutionMetrics,
     Result,
+    check_host_memory,
     repeat_timed,
     replan,
 )
@@ -553,6 +554,7 @@ class CudaBackend:
             verify: bool = False) -> Result:
         """Run the decision; MEASURED (CUDA events), medians over repeats."""
         entry_point(task)  # an unsupported dtype fails before any work
+        check_host_memory(task, verify, backend="cuda")  # the host's side
         w = workload(task)
         inputs = w.make_inputs(task, self.seed)
         detail: dict[str, Any] = {}

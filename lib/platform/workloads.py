@@ -171,7 +171,7 @@ class Workload:
     #: What a run on the cpu backend may hold in the computer's memory at
     #: once, in whole-task footprints (the inputs and output shared with the
     #: workers, the result, the workers' temporaries); see
-    #: :func:`lib.execution.cpu.check_host_memory`. A kind that does not say
+    #: :func:`lib.execution.base.check_host_memory`. A kind that does not say
     #: is taken at the stencil's, the most a built-in kind was MEASURED to
     #: hold (2.9 footprints).
     host_footprints: ClassVar[float] = 3.5
