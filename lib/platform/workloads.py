@@ -5,7 +5,8 @@ Each class answers, for a :class:`~lib.contract.TaskSpec`:
 - :meth:`Workload.work` -- FLOP, bytes moved and memory needed by a shard of
   ``rows`` rows of the divisible dimension (what the cost model and Gate 1 use);
 - :meth:`Workload.make_inputs` and :meth:`Workload.reference` -- seeded inputs
-  and the NumPy ground truth;
+  and the NumPy ground truth; :meth:`Workload.make_shard_inputs` -- one
+  shard's inputs drawn alone, the same values (a Dask worker's);
 - :meth:`Workload.shard_inputs`, :meth:`Workload.compute` and
   :meth:`Workload.merge` -- how a share becomes a shard, what one device computes,
   and how the partial results combine.
@@ -16,6 +17,12 @@ shards cover the dimension exactly: no gap, no overlap.
 Host representation of dtypes: fp16 -> ``float16``; bf16 -> ``float32`` holding
 values rounded to bf16 (NumPy has no bfloat16); fp32 -> ``float32``; fp64 ->
 ``float64``. Arithmetic on 16-bit inputs accumulates in fp32, as the kernels do.
+
+Why one module: each kind's work counts, inputs, reference and shard cutting
+describe one computation, and every backend, the cost model and Gate 1 read
+them together; the shared pieces (how inputs are drawn, in blocks and by
+rows; how shares become rows; how a result is verified) are what make the
+five kinds agree with each other.
 """
 
 from __future__ import annotations
