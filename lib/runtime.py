@@ -269,8 +269,15 @@ class Agent:
         if runnable is None or set(runnable) >= set(range(self.machine.n)):
             return snap
         base = snap if snap is not None else idle(self.machine)
+        why_not = getattr(backend, "unrunnable_why", None)
+        why = list(base.unhealthy_why or ("",) * self.machine.n)
+        for i in range(self.machine.n):
+            if i not in runnable:
+                why[i] = why_not(i) if callable(why_not) else \
+                    f"the {getattr(backend, 'name', '')} backend cannot run on it"
         return dataclasses.replace(base, healthy=tuple(
-            bool(ok) and i in runnable for i, ok in enumerate(base.healthy)))
+            bool(ok) and i in runnable for i, ok in enumerate(base.healthy)),
+            unhealthy_why=tuple(why))
 
     def optimize(self, task: TaskSpec) -> Decision:
         """The policy's decision for ``task``, hashed and accepted by Gate 1.

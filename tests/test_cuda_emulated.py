@@ -569,7 +569,7 @@ def test_stand_in_event_times_follow_an_eager_device(gpus):
 # -- a GPU the backend cannot see ----------------------------------------------------
 
 
-def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4):
+def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4, monkeypatch):
     """With profile device 0 (the H100) hidden from CUDA, as
     ``CUDA_VISIBLE_DEVICES`` hides a card, the agent's policy decides over
     the other three, the decision runs and verifies, and Gate 1 refuses a
@@ -578,6 +578,7 @@ def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4):
     from lib.runtime import Agent, DecisionRejected
 
     big = TaskSpec("matmul", {"M": 8192, "N": 8192, "K": 8192})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cp = gpus()
     with Agent(machine=hetero4, backend=CudaBackend(hetero4, warmup=0),
                telemetry=None) as every:
@@ -589,7 +590,8 @@ def test_a_gpu_cuda_cannot_see_is_not_decided_for(gpus, hetero4):
         assert 0 not in decision.gpus
         mark = len(cp.gpus.log)
         assert agent.execute(ELEMENTWISE, decision, verify=True).metrics.verified
-        with pytest.raises(DecisionRejected, match="device 0"):
+        with pytest.raises(DecisionRejected, match="device 0:H100 SXM is "
+                           "unhealthy: CUDA does not see it"):
             agent.execute(ELEMENTWISE, decide(ELEMENTWISE, (0, 1), (0.5, 0.5), 96))
     assert not launches(cp.gpus.log[mark:], 0)
 

@@ -203,3 +203,23 @@ def test_local_cpu_snapshot_has_capacity():
         pytest.skip(str(exc))
     assert len(snap.capacity) == len(snap.capacity_provenance) == len(snap.utilisation)
     assert all(0.0 < c <= 1.0 for c in snap.capacity)
+
+
+def test_a_gpu_nvml_cannot_read_is_unhealthy_and_says_why(record):
+    """A GPU whose NVML calls fail is unhealthy, and Gate 1's refusal of a
+    decision naming it says why."""
+    from lib.contract import Decision, TaskSpec
+    from lib.security import check_decision
+
+    record = copy.deepcopy(record)
+    record["devices"][1]["utilization"] = {"error": "GPU is lost"}
+    snap = nvml_snapshot(RecordedNvml(record), exclude_pids=[])
+    assert snap.healthy == (True, False)
+    assert snap.unhealthy_why == ("", "NVML cannot read it (GPU is lost)")
+    machine = load_machine("uni-server-2gpu-induced")
+    task = TaskSpec("reduce", {"N": 1000})
+    decision = Decision(gpus=(0, 1), shares=(0.5, 0.5), chunk=1000, block=256,
+                        mode="split", comm_path="host").with_hash(task)
+    verdict = check_decision(decision, task, machine, snap)
+    assert not verdict.accepted
+    assert "is unhealthy: NVML cannot read it (GPU is lost)" in verdict.summary()

@@ -167,7 +167,9 @@ class Backend(Protocol):
 
     A backend that cannot run on every device of its machine says which it
     can with a ``runnable`` tuple of device indices (the cuda backend: those
-    with a CUDA ordinal); the agent then decides over those only.
+    with a CUDA ordinal), and may say why not with ``unrunnable_why(device)``;
+    the agent then decides over those only, and Gate 1's refusal of another
+    names the reason.
     """
 
     name: str

@@ -539,13 +539,16 @@ class CudaBackend:
                 self._modules[key] = module.get_function(name)
         return self._modules[key]
 
+    def unrunnable_why(self, g: int) -> str:
+        """Why device ``g`` has no CUDA ordinal (one line)."""
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return (f"CUDA_VISIBLE_DEVICES={seen} hides it from CUDA" if seen is not None
+                else "CUDA does not see it")
+
     def _ordinal(self, g: int) -> int:
         if g not in self.device_map:
-            seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-            why = (f"CUDA_VISIBLE_DEVICES={seen} hides it" if seen is not None
-                   else "CUDA does not see it")
             raise ExecutionError(f"device {self.machine.devices[g].label} has no "
-                                 f"CUDA ordinal: {why}")
+                                 f"CUDA ordinal: {self.unrunnable_why(g)}")
         return self.device_map[g]
 
     # -- running -------------------------------------------------------------

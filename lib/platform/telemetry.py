@@ -98,6 +98,9 @@ class Snapshot:
             result handed over: MEASURED runs, learned by the runtime's
             history); None where nothing was learned. The cost model adds it
             to the device's launch (:func:`lib.costmodel.model.wait_seconds`).
+        unhealthy_why: per device, why it is unhealthy (one line; empty for
+            a healthy device), which Gate 1's refusal names; None where the
+            source does not say.
     """
 
     source: str
@@ -113,6 +116,7 @@ class Snapshot:
     capacity_provenance: tuple[str, ...] | None = None
     contenders: tuple[float, ...] | None = None
     wait_s: tuple[float, ...] | None = None
+    unhealthy_why: tuple[str, ...] | None = None
 
     def slowdown(self, i: int) -> float:
         """Factor by which device ``i``'s compute stretches: ``1 / capacity``
@@ -479,6 +483,7 @@ def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
         count = int(nvml.nvmlDeviceGetCount())
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         util, free, ok, clocks, temps, power, buses = [], [], [], [], [], [], []
+        why: list[str] = []
         for h in handles:
             try:
                 u = nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
@@ -488,8 +493,10 @@ def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
                 p = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
                 bus = bus_key(nvml.nvmlDeviceGetPciInfo(h).busId)
                 row = (min(1.0, max(0.0, u)), f, True, c, t, p, bus)
-            except error:
+                why.append("")
+            except error as exc:
                 row = (1.0, 0.0, False, math.nan, math.nan, math.nan, None)
+                why.append(f"NVML cannot read it ({exc})")
             for store, value in zip((util, free, ok, clocks, temps, power, buses),
                                     row, strict=True):
                 store.append(value)
@@ -504,7 +511,8 @@ def nvml_snapshot(nvml: Any = None, exclude_pids: Sequence[int] | None = None
     return Snapshot(source="nvml", utilisation=tuple(util), free_bytes=tuple(free),
                     healthy=tuple(ok), clocks_mhz=tuple(clocks),
                     temperature_c=tuple(temps), power_w=tuple(power), measured=True,
-                    links=links, **_gpu_capacity_fields(caps, util))
+                    links=links, unhealthy_why=tuple(why),
+                    **_gpu_capacity_fields(caps, util))
 
 
 def gpu_capacity(nvml: Any, handle: Any, ours: set[int],

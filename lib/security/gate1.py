@@ -271,8 +271,10 @@ def _check_feasibility(f: dict[str, Any], task: TaskSpec, machine: Machine,
                                                        f"({machine.n} devices)"))
             present = False
         elif telemetry is not None and not telemetry.healthy[g]:
+            why = telemetry.unhealthy_why[g] if telemetry.unhealthy_why else ""
             out.append(Violation("feasibility.unhealthy",
-                                 f"device {machine.devices[g].label} is unhealthy"))
+                                 f"device {machine.devices[g].label} is unhealthy"
+                                 + (f": {why}" if why else "")))
     block = f["block"]
     if block % 32 or not 32 <= block <= 1024:
         out.append(Violation("feasibility.block", f"block {block} must be a multiple "
