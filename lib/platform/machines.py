@@ -263,9 +263,9 @@ class Machine:
 # --------------------------------------------------------------------------
 # Building profiles
 
-def catalog_device(index: int, model: str, scale: float = 1.0,
-                   note: str = "") -> Device:
-    """A device from :data:`GPU_CATALOG`, optionally scaled (induced slow-down)."""
+def catalog_device(index: int, model: str, note: str = "") -> Device:
+    """A device from :data:`GPU_CATALOG` (a profile's ``scale`` applies later:
+    :func:`_scaled`)."""
     if model not in GPU_CATALOG:
         raise MachineError(f"unknown GPU model {model!r}; the catalog has "
                            f"{', '.join(GPU_CATALOG)}")
@@ -274,9 +274,8 @@ def catalog_device(index: int, model: str, scale: float = 1.0,
     fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16", "mem_bytes",
               "mem_bw")
     return Device(
-        index=index, name=model, kind="gpu", peak_fp32=fp32 * scale,
-        peak_fp64=fp64 * scale, tensor_fp16=t16 * scale, tensor_bf16=tbf * scale,
-        mem_bytes=mem, mem_bw=bw * scale,
+        index=index, name=model, kind="gpu", peak_fp32=fp32, peak_fp64=fp64,
+        tensor_fp16=t16, tensor_bf16=tbf, mem_bytes=mem, mem_bw=bw,
         provenance={f: "estimated" for f in fields},
         notes={f: src for f in fields},
     )
@@ -377,33 +376,27 @@ def _link(spec: Any, where: str, *, p2p: bool = False,
           default_note: str = "") -> Link:
     """A link from a kind's name, or ``{"kind", "bandwidth", "latency",
     "note"}`` (the kind's estimates where a number is not stated)."""
-    if not isinstance(spec, str):
-        spec = _fields(spec, HOST_LINK_FIELDS, where)
-        if "kind" not in spec:
-            raise MachineError(f"{where}: no 'kind' (one of "
-                               f"{', '.join(LINK_KINDS)})")
-    kind = spec if isinstance(spec, str) else _typed(spec, "kind", str, "", where)
-    note = default_note if isinstance(spec, str) else \
-        _typed(spec, "note", str, "", where) or default_note
+    spec = {"kind": spec} if isinstance(spec, str) else \
+        _fields(spec, HOST_LINK_FIELDS, where)
+    if "kind" not in spec:
+        raise MachineError(f"{where}: no 'kind' (one of {', '.join(LINK_KINDS)})")
+    note = _typed(spec, "note", str, "", where) or default_note
     try:
-        base = link_of_kind(kind, p2p=p2p, note=note)
+        base = link_of_kind(_typed(spec, "kind", str, "", where), p2p=p2p,
+                            note=note)
     except MachineError as exc:
         raise MachineError(f"{where}: {exc}") from None
-    if isinstance(spec, str):
-        return base
-    stated = {}
-    for key in ("bandwidth", "latency"):
-        if key in spec:
-            stated[key] = _figure(spec[key], f"{where} {key}")
+    stated = {key: _figure(spec[key], f"{where} {key}")
+              for key in ("bandwidth", "latency") if key in spec}
     if not stated:
         return base
     # the provenance table lists a link by its bandwidth
-    return Link(kind=base.kind,
-                bandwidth=stated.get("bandwidth", (base.bandwidth,))[0],
-                latency=stated.get("latency", (base.latency,))[0], p2p=p2p,
-                provenance=stated.get("bandwidth", (0, "estimated"))[1],
-                note=note or "; ".join(f"{key} {why}" for key, (_, _, why)
-                                       in stated.items()))
+    return replace(base,
+                   bandwidth=stated.get("bandwidth", (base.bandwidth,))[0],
+                   latency=stated.get("latency", (base.latency,))[0],
+                   provenance=stated.get("bandwidth", (0, "estimated"))[1],
+                   note=note or "; ".join(f"{key} {why}" for key, (_, _, why)
+                                          in stated.items()))
 
 
 def _device(i: int, d: Any, where: str) -> tuple[Device, Link]:
@@ -419,7 +412,7 @@ def _device(i: int, d: Any, where: str) -> tuple[Device, Link]:
     try:
         if "catalog" in d:
             model = _typed(d, "catalog", str, "", at)
-            base = catalog_device(i, model, 1.0, note)
+            base = catalog_device(i, model, note)
             default_link = GPU_CATALOG[model][6]
         else:
             missing = [f for f in ("name", *REQUIRED_FIGURES) if f not in d]
