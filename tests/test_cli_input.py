@@ -55,6 +55,15 @@ CASES: dict[str, tuple[list[str], dict[str, str], str]] = {
     "stored calibration utf-16": (
         EXPLAIN, {"GPUHIVE_HOME": "{d}/home-cal16"},
         "calibration file {d}/home-cal16/calibration/hetero-4.json: UTF-16"),
+    "stored calibration truncated": (
+        RUN, {"GPUHIVE_HOME": "{d}/home-cal-cut"},
+        "calibration file {d}/home-cal-cut/calibration/hetero-4.json: not valid "
+        "JSON"),
+    "stored calibration of another schema": (
+        EXPLAIN, {"GPUHIVE_HOME": "{d}/home-cal-schema"},
+        "{d}/home-cal-schema/calibration/hetero-4.json: not a "
+        "gpuhive.calibration/1 file; not used: write it again with gpuhive "
+        "calibrate --machine hetero-4, or move it aside"),
     "answers utf-16": ([*RECORDED, "--answers", "{d}/task16.json"], {},
                        "answers file {d}/task16.json: UTF-16"),
     # integers past Python's int-string limit
@@ -215,6 +224,10 @@ def build_inputs(d: Path) -> None:
     cal = d / "home-cal16" / "calibration"
     cal.mkdir(parents=True)
     (cal / "hetero-4.json").write_bytes('{"schema": 1}'.encode("utf-16"))
+    for home, text in (("home-cal-cut", '{"schema": "gpuhive.calibration/1", '),
+                       ("home-cal-schema", '{"schema": "gpuhive.history/1"}')):
+        (d / home / "calibration").mkdir(parents=True)
+        (d / home / "calibration" / "hetero-4.json").write_text(text)
     keys = d / "home-0644" / "keys"
     keys.mkdir(parents=True)
     (keys / "seal.key").write_bytes(os.urandom(32))

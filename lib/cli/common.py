@@ -493,16 +493,25 @@ def check_home() -> None:
 
 def check_calibration(machine_name: str) -> None:
     """Read the machine's stored calibration file, where there is one, as an
-    input file: the commands that use it fail fast, naming it, rather than
-    deep inside a run."""
+    input file and as parameters: the commands that use it fail fast, naming
+    it and how to mend it, rather than deep inside a run."""
     from lib.storage import StorageError, calibration_path
 
     try:
         path = calibration_path(machine_name)
     except StorageError:
         return  # the command refuses the name itself
-    if os.path.lexists(path):
+    if not os.path.lexists(path):
+        return
+    from lib.costmodel.parameters import CalibrationError, load_params
+
+    try:
         read_json(path, "calibration")
+        load_params(machine_name)
+    except (UsageError, CalibrationError) as exc:
+        # ``gpuhive calibrate`` writes the file again whatever it holds
+        raise UsageError(f"{exc}; not used: write it again with gpuhive calibrate "
+                         f"--machine {machine_name}, or move it aside") from None
 
 
 def task_from_args(args: argparse.Namespace) -> TaskSpec:
