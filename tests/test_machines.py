@@ -127,7 +127,13 @@ def test_cards_the_catalog_lacks_are_read_from_nvml():
     assert l40s.peak_fp32 == pytest.approx(18176 * 2 * 2520e6)
     assert l40s.mem_bw == pytest.approx(384 / 8 * 9001e6 * 2)
     assert l40s.peak_fp64 == pytest.approx(l40s.peak_fp32 / 64)
-    assert l40s.tensor_fp16 == 0.0
+    # FP32 x the L4's tensor ratio (both compute capability 8.9): within 2 %
+    # of the 362 TFLOP/s dense FP16 of NVIDIA's L40S datasheet
+    assert l40s.tensor_fp16 == pytest.approx(
+        l40s.peak_fp32 * GPU_CATALOG["L4"][2] / GPU_CATALOG["L4"][0])
+    assert l40s.tensor_fp16 == pytest.approx(362e12, rel=0.02)
+    assert l40s.tensor_bf16 == l40s.tensor_fp16
+    assert "ratio of the L4 (compute capability 8.9)" in l40s.notes["tensor_fp16"]
     assert l40s.provenance["peak_fp32"] == "estimated"
     assert "18176 CUDA cores" in l40s.notes["peak_fp32"]
     assert "compute capability 8.9" in l40s.notes["peak_fp64"]
@@ -135,6 +141,30 @@ def test_cards_the_catalog_lacks_are_read_from_nvml():
     assert rtx.peak_fp32 == GPU_CATALOG["RTX 4090"][0]
     assert box.peer(0, 1).p2p and box.peer(0, 1).kind == "pcie4"
     assert box.peer(0, 2) is None and box.peer(1, 2) is None
+
+
+@pytest.mark.parametrize("name, cores, sm_mhz, capability, fp16, bf16, like", [
+    # NVIDIA's Ada whitepaper: 97.5 TFLOP/s dense FP16 with FP32 accumulate,
+    # half the rate of a workstation card of its architecture
+    ("NVIDIA GeForce RTX 4080", 9728, 2505, [8, 9], 97.5e12, 97.5e12, "RTX 4090"),
+    # Quadro RTX 6000 (Turing): 130.5 TFLOP/s FP16 tensor, no BF16 path
+    ("Quadro RTX 6000", 4608, 1770, [7, 5], 130.5e12, 0.0, "T4"),
+    # an architecture the catalog has no card of: no tensor path assumed
+    ("NVIDIA B300", 20480, 2000, [10, 3], 0.0, 0.0, None),
+])
+def test_an_unknown_cards_tensor_rates_follow_a_catalog_card_of_its_architecture(
+        name, cores, sm_mhz, capability, fp16, bf16, like):
+    record = _recording("nvml_unknown_cards.json")
+    card = record["devices"][0]
+    card.update(name=name, cores=cores, compute_capability=capability,
+                max_clocks={**card["max_clocks"], "sm": sm_mhz})
+    dev = nvml_machine(RecordedNvml(record)).devices[0]
+    assert dev.tensor_fp16 == pytest.approx(fp16, rel=0.02, abs=1.0)
+    assert dev.tensor_bf16 == pytest.approx(bf16, rel=0.02, abs=1.0)
+    assert dev.provenance["tensor_fp16"] == "estimated"
+    note = dev.notes["tensor_bf16"]
+    assert (f"of the {like}" in note or f"as on the {like}" in note) if like \
+        else "no catalog card" in note and "no tensor path assumed" in note
 
 
 def test_peer_reads_refused_by_nvml_leave_two_cards_without_a_peer_link():

@@ -678,9 +678,11 @@ def nvml_device(nvml: Any, handle: Any, index: int) -> tuple[Device, Link]:
     described by what NVML reports: FP32 as CUDA cores x 2 x the highest SM
     clock, memory bandwidth as the bus width x the highest memory clock x 2
     (double data rate), FP64 by the compute capability's ratio (1/2 on the
-    x.0 data-centre chips, 1/32 on 7.5, 1/64 on the rest), no tensor path
-    (NVML does not tell; an underestimate where the card has one), and the
-    host link of its PCIe generation. Each such figure says so.
+    x.0 data-centre chips, 1/32 on 7.5, 1/64 on the rest), the tensor rates
+    by the tensor-to-FP32 ratio of a catalog card of the same compute
+    capability (:data:`TENSOR_RATIO_CARDS`; none where there is no such
+    card), and the host link of its PCIe generation. Each such figure says
+    so.
     """
     error = getattr(nvml, "NVMLError", Exception)
     name = text(nvml.nvmlDeviceGetName(handle))
@@ -712,36 +714,88 @@ def nvml_device(nvml: Any, handle: Any, index: int) -> tuple[Device, Link]:
     try:
         major, minor = (int(v) for v in
                         nvml.nvmlDeviceGetCudaComputeCapability(handle))
+    except (error, AttributeError):
+        major = minor = None
+    if major is None:
+        ratio, fp64_note = 1 / 64, "estimate: FP32 / 64 (compute capability unread)"
+    else:
         ratio = 1 / 2 if minor == 0 and major >= 6 else \
             1 / 32 if (major, minor) == (7, 5) else 1 / 64
         fp64_note = (f"estimate: FP32 x 1/{round(1 / ratio)}, the ratio of "
                      f"compute capability {major}.{minor}")
-    except (error, AttributeError):
-        ratio, fp64_note = 1 / 64, "estimate: FP32 / 64 (compute capability unread)"
     try:
         generation = int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
     except (error, AttributeError):
         generation = 0
     kind = f"pcie{generation}" if f"pcie{generation}" in LINK_KINDS else "pcie4"
     fp32 = cores * 2.0 * sm_hz
+    tensor, tensor_notes = _tensor_by_architecture(
+        fp32, name, None if major is None else (major, minor))
     fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
               "mem_bytes", "mem_bw")
     device = Device(
         index=index, name=name.removeprefix("NVIDIA ").strip() or name,
-        kind="gpu", peak_fp32=fp32, peak_fp64=fp32 * ratio, tensor_fp16=0.0,
-        tensor_bf16=0.0, mem_bytes=mem, mem_bw=bus_bits / 8 * mem_hz * 2,
+        kind="gpu", peak_fp32=fp32, peak_fp64=fp32 * ratio,
+        tensor_fp16=tensor["tensor_fp16"], tensor_bf16=tensor["tensor_bf16"],
+        mem_bytes=mem, mem_bw=bus_bits / 8 * mem_hz * 2,
         provenance={**{f: "estimated" for f in fields}, "mem_bytes": "measured"},
         notes={"peak_fp32": f"estimate from NVML: {cores} CUDA cores x 2 FLOP x "
                             f"{sm_hz / 1e6:g} MHz (highest SM clock)",
                "peak_fp64": fp64_note,
-               "tensor_fp16": "not reported by NVML: no tensor path assumed",
-               "tensor_bf16": "not reported by NVML: no tensor path assumed",
+               **tensor_notes,
                "mem_bytes": "read through NVML",
                "mem_bw": f"estimate from NVML: {bus_bits}-bit bus x "
                          f"{mem_hz / 1e6:g} MHz (highest memory clock) x 2"})
     note = (f"PCIe {generation} read through NVML (rate: estimate)" if generation
             else "pcie4 assumed: NVML gives no PCIe generation (estimate)")
     return device, link_of_kind(kind, note=note)
+
+
+#: Compute capability -> the catalog cards of that architecture whose
+#: tensor-to-FP32 ratios stand for a card the catalog lacks: (data-centre and
+#: workstation card, GeForce card or None). A GeForce card's tensor cores
+#: accumulate in FP32 at half the rate of the others of its architecture
+#: (NVIDIA's Ampere GA102 and Ada whitepapers), so it takes a GeForce card's
+#: ratio where the catalog has one.
+TENSOR_RATIO_CARDS: dict[tuple[int, int], tuple[str, str | None]] = {
+    (7, 0): ("V100 SXM2 32GB", None), (7, 5): ("T4", None),
+    (8, 0): ("A100 40GB PCIe", None), (8, 6): ("A10", "RTX 3090"),
+    (8, 9): ("L4", "RTX 4090"), (9, 0): ("H100 SXM", None),
+}
+
+
+def _tensor_by_architecture(fp32: float, name: str,
+                            capability: tuple[int, int] | None
+                            ) -> tuple[dict[str, float], dict[str, str]]:
+    """Dense FP16 and BF16 tensor rates of a card the catalog lacks, from its
+    estimated FP32 rate and the tensor-to-FP32 ratio of a catalog card of the
+    same compute capability (a ratio of 0: no such path, as on Volta and
+    Turing for BF16); none where the capability is unread or not in
+    :data:`TENSOR_RATIO_CARDS`. Returns the rates and their notes."""
+    cards = TENSOR_RATIO_CARDS.get(capability) if capability else None
+    if cards is None:
+        why = ("compute capability unread" if capability is None else
+               f"compute capability {capability[0]}.{capability[1]} has no "
+               "catalog card to take the ratio from")
+        note = f"not reported by NVML ({why}): no tensor path assumed"
+        return ({"tensor_fp16": 0.0, "tensor_bf16": 0.0},
+                {"tensor_fp16": note, "tensor_bf16": note})
+    pro, geforce = cards
+    model = geforce if geforce and "GEFORCE" in name.upper() else pro
+    spec = GPU_CATALOG[model]
+    rates, notes = {}, {}
+    cc = f"{capability[0]}.{capability[1]}"
+    for figure, rate in (("tensor_fp16", spec[2]), ("tensor_bf16", spec[3])):
+        if rate <= 0:
+            rates[figure] = 0.0
+            notes[figure] = (f"estimate: no such tensor path, as on the {model} "
+                            f"(compute capability {cc})")
+            continue
+        rates[figure] = fp32 * rate / spec[0]
+        notes[figure] = (f"estimate: FP32 x {rate / spec[0]:.3g}, the dense "
+                        f"tensor-to-FP32 ratio of the {model} (compute "
+                        f"capability {cc})")
+    return rates, notes
 
 
 def _nvml_peer(nvml: Any, handles: list[Any], devices: list[Device],
