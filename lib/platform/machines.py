@@ -789,12 +789,12 @@ def _tensor_by_architecture(fp32: float, name: str,
         if rate <= 0:
             rates[figure] = 0.0
             notes[figure] = (f"estimate: no such tensor path, as on the {model} "
-                            f"(compute capability {cc})")
+                             f"(compute capability {cc})")
             continue
         rates[figure] = fp32 * rate / spec[0]
         notes[figure] = (f"estimate: FP32 x {rate / spec[0]:.3g}, the dense "
-                        f"tensor-to-FP32 ratio of the {model} (compute "
-                        f"capability {cc})")
+                         f"tensor-to-FP32 ratio of the {model} (compute "
+                         f"capability {cc})")
     return rates, notes
 
 
