@@ -189,3 +189,37 @@ def test_a_shards_inputs_made_alone_are_those_cut_from_the_whole(
         for name in cut:
             assert alone[name].dtype == cut[name].dtype
             assert np.array_equal(alone[name], cut[name]), (lo, hi, name)
+
+
+@pytest.mark.parametrize(("kind", "dims"), CASES, ids=[k for k, _ in CASES])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_reference_drawn_from_the_seed_in_blocks_verifies_as_the_whole_does(
+        kind, dims, dtype, monkeypatch):
+    """A Dask client verifies without the whole task's inputs: the reference
+    is computed in row blocks drawn from the seed, and never from
+    ``make_inputs``. It passes the whole reference, and fails a result with
+    one element wrong in its last block, or a row too many."""
+    from lib.platform import workloads as wl
+
+    task = TaskSpec(kind, dims, dtype=dtype)
+    w = workload(task)
+    good = w.reference(task, w.make_inputs(task, 11))
+    # at most ~7 rows a block: several blocks, none on a shard's edge
+    monkeypatch.setattr(wl, "REFERENCE_BLOCK_BYTES",
+                        w.total_work(task).footprint * 7 // task.split_size)
+
+    def whole(*_args):
+        raise AssertionError("made the whole task's inputs")
+
+    monkeypatch.setattr(type(w), "make_inputs", whole)
+    ok, err = wl.verify_from_seed(task, good, 11)
+    assert ok and err <= 1e-6 * float(np.abs(good.astype(np.float64)).max()), err
+    bad = good.copy()
+    bad.reshape(-1)[-1] += 1000
+    ok, err = wl.verify_from_seed(task, bad, 11)
+    assert not ok and err == pytest.approx(1000, rel=0.02)
+    if task.merge == "concat":
+        extra = np.concatenate([good, good[:1]])
+        assert wl.verify_from_seed(task, extra, 11) == (False, np.inf)
+    ok, _ = wl.verify_from_seed(task, good, 12)   # another seed's inputs
+    assert not ok

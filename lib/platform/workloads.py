@@ -518,13 +518,15 @@ def like_of(kind: str) -> str:
 #: few MB whatever the result's size.
 VERIFY_BLOCK = 1 << 20
 
+#: Bytes of a task's footprint one block of :func:`verify_from_seed`'s
+#: reference may hold: a task whose whole footprint fits is referenced whole.
+REFERENCE_BLOCK_BYTES = 256 << 20
 
-def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, float]:
-    """Compare a result with the reference: ``(within tolerance, max abs error)``,
-    in float64, :data:`VERIFY_BLOCK` elements at a time. A NaN or an infinity
-    that the reference does not have is an error of NaN, and fails."""
-    if out.shape != ref.shape:
-        return False, math.inf
+
+def _errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """``(max |out - ref|, max |ref|)`` of two arrays of one shape, in
+    float64, :data:`VERIFY_BLOCK` elements at a time; a NaN in the error
+    stays a NaN."""
     flat_out, flat_ref = out.reshape(-1), ref.reshape(-1)
     errs, scales = [], []
     for lo in range(0, flat_out.size, VERIFY_BLOCK):
@@ -534,5 +536,56 @@ def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, floa
         scales.append(np.abs(b).max())
     err = float(np.max(errs)) if errs else 0.0   # np.max keeps a NaN
     scale = float(np.max(scales)) if scales else 0.0
+    return err, scale
+
+
+def _within(task: TaskSpec, err: float, scale: float) -> bool:
     rtol, atol = workload(task).tolerance(task)
-    return err <= atol + rtol * scale, err
+    return err <= atol + rtol * scale
+
+
+def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, float]:
+    """Compare a result with the reference: ``(within tolerance, max abs error)``,
+    in float64, :data:`VERIFY_BLOCK` elements at a time. A NaN or an infinity
+    that the reference does not have is an error of NaN, and fails."""
+    if out.shape != ref.shape:
+        return False, math.inf
+    err, scale = _errors(out, ref)
+    return _within(task, err, scale), err
+
+
+def verify_from_seed(task: TaskSpec, out: np.ndarray, seed: int
+                     ) -> tuple[bool, float]:
+    """:func:`verify` of ``out`` against the reference of the task whose
+    inputs come from ``seed``, without holding the whole task's inputs: the
+    reference is computed in row blocks of at most
+    :data:`REFERENCE_BLOCK_BYTES` of footprint, each from the inputs the seed
+    gives its rows (:meth:`Workload.draw`, the values the whole would give
+    them; a stencil block draws its halo too, so its own rows are exact).
+    Partial sums of a ``sum`` kind are added up before the comparison. A task
+    that fits in one block, or a kind that only makes its inputs whole, is
+    referenced whole, as :func:`verify` would. A Dask client verifies this
+    way: its workers drew the inputs, and it holds only the result."""
+    w = workload(task)
+    n = task.split_size
+    footprint = w.total_work(task).footprint
+    if type(w).draw is Workload.draw or footprint <= REFERENCE_BLOCK_BYTES:
+        return verify(task, out, w.reference(task, w.make_inputs(task, seed)))
+    rows = max(1, int(n * REFERENCE_BLOCK_BYTES // footprint))
+    blocks = [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
+    if task.merge == "sum":
+        ref = None
+        for lo, hi in blocks:
+            part = w.compute(task, w.draw(task, seed, (lo, hi)), lo, hi)
+            ref = part if ref is None else w.merge(task, [ref, part])
+        return verify(task, out, ref)
+    if tuple(out.shape) != tuple(w.output_shape(task, n)):
+        return False, math.inf
+    errs, scales = [], []
+    for lo, hi in blocks:
+        ref = w.compute(task, w.draw(task, seed, (lo, hi)), lo, hi)
+        err, scale = _errors(out[lo:hi], ref)
+        errs.append(err)
+        scales.append(scale)
+    err, scale = float(np.max(errs)), float(np.max(scales))
+    return _within(task, err, scale), err
