@@ -306,6 +306,37 @@ def test_zero_share_and_single_device(fresh):
         backend.run(task, Decision(gpus=(5,), shares=(1.0,), chunk=203))
 
 
+def test_a_run_too_large_for_a_worker_or_this_computer_is_refused_before_placing(
+        fresh, monkeypatch):
+    """A shard whose worker would pass the share of its memory limit where
+    Dask pauses it is refused in one line naming the shard and the worker,
+    before anything is placed (a worker past its limit is killed mid-run);
+    so is a run whose local workers and client together would take more of
+    this computer's memory than is available. A run that fits still runs."""
+    import lib.execution.dask as dask_backend
+
+    backend = DaskBackend(fresh.machine, timeout=WAIT)
+    limit = min(d.mem_bytes for d in fresh.machine.devices)
+    n = int(limit / 12 * 2)   # inputs and output of a shard about the limit
+    task = TaskSpec("elementwise", {"N": n})
+    placed = []
+    monkeypatch.setattr(DaskBackend, "_place",
+                        lambda self, run, active: placed.append(run) or {})
+    with pytest.raises(ExecutionError) as err:
+        backend.run(task, decide(task, shares=(0.5, 0.5)))
+    text = str(err.value)
+    assert text.startswith("dask backend: shard 0 (rows 0:") and "\n" not in text
+    assert f"on 0:{fresh.machine.devices[0].name}" in text
+    assert "memory limit" in text and placed == []
+    monkeypatch.undo()
+    small = TaskSpec("elementwise", SMALL["elementwise"])
+    monkeypatch.setattr(dask_backend, "available_memory_bytes", lambda: 1e6)
+    with pytest.raises(ExecutionError, match="this computer's memory.*reference"):
+        backend.run(small, decide(small), verify=True)
+    monkeypatch.undo()
+    assert backend.run(small, decide(small), verify=True).metrics.verified
+
+
 def test_a_failing_shard_names_worker_shard_and_hash(fresh):
     task = TaskSpec("reduce", SMALL["reduce"])
     d = decide(task)

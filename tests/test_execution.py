@@ -359,9 +359,19 @@ def test_a_run_too_large_for_the_computers_memory_is_refused_before_it_starts(
     killer ending a process; a run that fits goes ahead."""
     from lib.execution import base
     from lib.execution.base import HostMemoryError, check_host_memory, host_bytes_needed
+    from lib.platform.workloads import REFERENCE_BLOCK_BYTES
 
     task = TaskSpec("elementwise", {"N": 50_000_000})   # 0.6 GB footprint
     assert host_bytes_needed(task, verify=True) > host_bytes_needed(task)
+    # bf16 is held as float32 on the host, and 16-bit values are computed in
+    # float32: half the footprint, the same bytes
+    for dtype in ("bf16", "fp16"):
+        half = TaskSpec("elementwise", {"N": 50_000_000}, dtype=dtype)
+        assert host_bytes_needed(half) == pytest.approx(host_bytes_needed(task))
+    # verification holds one block of the reference, whatever the task's size
+    big = TaskSpec("elementwise", {"N": 500_000_000})
+    assert host_bytes_needed(big, verify=True) - host_bytes_needed(big) == \
+        pytest.approx(base.VERIFY_FOOTPRINTS * REFERENCE_BLOCK_BYTES)
     check_host_memory(task, available=1e12)              # fits: no error
     with pytest.raises(HostMemoryError) as err:
         check_host_memory(task, verify=True, available=1e9)

@@ -193,17 +193,20 @@ def test_a_shards_inputs_made_alone_are_those_cut_from_the_whole(
 
 @pytest.mark.parametrize(("kind", "dims"), CASES, ids=[k for k, _ in CASES])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_a_reference_drawn_from_the_seed_in_blocks_verifies_as_the_whole_does(
-        kind, dims, dtype, monkeypatch):
-    """A Dask client verifies without the whole task's inputs: the reference
-    is computed in row blocks drawn from the seed, and never from
-    ``make_inputs``. It passes the whole reference, and fails a result with
-    one element wrong in its last block, or a row too many."""
+@pytest.mark.parametrize("source", ["seed", "inputs"])
+def test_a_reference_in_row_blocks_verifies_as_the_whole_does(
+        kind, dims, dtype, source, monkeypatch):
+    """Verification computes the reference in row blocks, cut from the
+    inputs a backend holds or drawn from the seed (a Dask client, which never
+    makes the whole task's inputs). It passes the whole reference, and fails
+    a result with one element wrong in its last block, a row too many, or
+    another seed's inputs."""
     from lib.platform import workloads as wl
 
     task = TaskSpec(kind, dims, dtype=dtype)
     w = workload(task)
-    good = w.reference(task, w.make_inputs(task, 11))
+    inputs = w.make_inputs(task, 11)
+    good = w.reference(task, inputs)
     # at most ~7 rows a block: several blocks, none on a shard's edge
     monkeypatch.setattr(wl, "REFERENCE_BLOCK_BYTES",
                         w.total_work(task).footprint * 7 // task.split_size)
@@ -212,14 +215,24 @@ def test_a_reference_drawn_from_the_seed_in_blocks_verifies_as_the_whole_does(
         raise AssertionError("made the whole task's inputs")
 
     monkeypatch.setattr(type(w), "make_inputs", whole)
-    ok, err = wl.verify_from_seed(task, good, 11)
+    computed = []
+    compute = type(w).compute
+
+    def counted(self, task, shard, lo, hi):
+        computed.append(hi - lo)
+        return compute(self, task, shard, lo, hi)
+
+    monkeypatch.setattr(type(w), "compute", counted)
+    given = {"inputs": inputs} if source == "inputs" else {}
+    ok, err = wl.verify_in_blocks(task, good, seed=11, **given)
     assert ok and err <= 1e-6 * float(np.abs(good.astype(np.float64)).max()), err
+    assert len(computed) > 2 and max(computed) <= 7 and sum(computed) == task.split_size
     bad = good.copy()
     bad.reshape(-1)[-1] += 1000
-    ok, err = wl.verify_from_seed(task, bad, 11)
+    ok, err = wl.verify_in_blocks(task, bad, seed=11, **given)
     assert not ok and err == pytest.approx(1000, rel=0.02)
     if task.merge == "concat":
         extra = np.concatenate([good, good[:1]])
-        assert wl.verify_from_seed(task, extra, 11) == (False, np.inf)
-    ok, _ = wl.verify_from_seed(task, good, 12)   # another seed's inputs
-    assert not ok
+        assert wl.verify_in_blocks(task, extra, seed=11, **given) == (False, np.inf)
+    if source == "seed":
+        assert not wl.verify_in_blocks(task, good, seed=12)[0]

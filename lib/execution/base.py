@@ -16,7 +16,7 @@ import numpy as np
 from lib.contract import Decision, TaskSpec
 from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
-from lib.platform.workloads import workload
+from lib.platform.workloads import REFERENCE_BLOCK_BYTES, compute_dtype, workload
 
 
 class BackendUnavailable(RuntimeError):
@@ -45,13 +45,13 @@ class DeviceError(ExecutionError):
 
 
 #: What ``verify`` adds to a run's
-#: :attr:`~lib.platform.workloads.Workload.host_footprints`: the reference's
-#: own result and temporaries. MEASURED peaks of the cpu backend on
-#: local-cpu (MemAvailable sampled every 5 ms, runs of 0.6 to 6 GB footprints
-#: of each kind): 1.3 to 2.9 footprints, 1.6 to 3.4 with ``verify``. The cuda
-#: backend's host holds the same inputs, result and reference, and is held
-#: to the same figures (not measured: no GPU here).
-VERIFY_FOOTPRINTS = 1.0
+#: :attr:`~lib.platform.workloads.Workload.host_footprints`, in footprints of
+#: one block of the reference (:func:`~lib.platform.workloads.verify_in_blocks`:
+#: the whole task where it is smaller than a block): the block's result and
+#: temporaries. A stencil's reference keeps two grids and two temporaries of
+#: its block; made whole, it took 3.2 footprints more than the run without
+#: ``verify`` (MEASURED, stencil fp32 of 0.79 GB).
+VERIFY_FOOTPRINTS = 3.25
 #: The share of the available memory a run may plan to take; the rest is for
 #: the workers' temporaries and the other processes.
 HOST_MEMORY_SHARE = 0.9
@@ -61,13 +61,34 @@ class HostMemoryError(ExecutionError):
     """A run would need more of this computer's memory than is available."""
 
 
+def host_scale(task: TaskSpec) -> float:
+    """Bytes the host holds per byte of the task's footprint: 2 for fp16 and
+    bf16 (bf16 is held as float32, and 16-bit values are computed in
+    float32), 1 otherwise. MEASURED: a bf16 elementwise run held 3.6
+    footprints, where the fp32 one held 2.3 (and the check allowed 2.5)."""
+    return compute_dtype(task.dtype).itemsize / task.itemsize
+
+
 def host_bytes_needed(task: TaskSpec, verify: bool = False) -> float:
     """Bytes of this computer's memory a run of ``task`` may hold at once:
-    its kind's ``host_footprints`` whole-task footprints, and
-    :data:`VERIFY_FOOTPRINTS` more with ``verify``."""
+    its kind's ``host_footprints`` whole-task footprints, and with ``verify``
+    :data:`VERIFY_FOOTPRINTS` footprints of one block of the reference, all
+    at :func:`host_scale` bytes per byte.
+
+    MEASURED peaks of the cpu backend on local-cpu (MemAvailable sampled
+    every 5 ms; every kind and dtype, footprints of 0.3 to 2.4 GB), in
+    footprints at :func:`host_scale`: at most 2.3 without ``verify`` (3.0 for
+    a bf16 stencil) and 3.1 with it (4.4 for a bf16 stencil); an fp32
+    stencil's ``verify`` took 5.1 footprints before its reference was cut
+    into blocks, 3.1 after. The allowance is 2.5 to 3.5 footprints without
+    ``verify`` and up to 3.25 more with it."""
     w = workload(task)
+    scale = host_scale(task)
     footprint = w.total_work(task).footprint
-    return footprint * (w.host_footprints + (VERIFY_FOOTPRINTS if verify else 0.0))
+    need = footprint * w.host_footprints
+    if verify:
+        need += VERIFY_FOOTPRINTS * min(footprint, REFERENCE_BLOCK_BYTES)
+    return need * scale
 
 
 def check_host_memory(task: TaskSpec, verify: bool = False,

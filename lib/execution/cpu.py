@@ -84,8 +84,7 @@ from lib.execution.shm import reclaim_orphans, shm_root
 from lib.platform.machines import Machine
 from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
-from lib.platform.workloads import split_rows, workload
-from lib.platform.workloads import verify as verify_output
+from lib.platform.workloads import split_rows, verify_in_blocks, workload
 
 #: Environment each worker starts with: one BLAS thread, so a device is a core.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -456,8 +455,8 @@ class CpuBackend:
 
             result, per_dev, totals = repeat_timed(once, self.warmup, self.repeats)
             if verify:
-                ok, err = verify_output(task, result, w.reference(
-                    task, {n: self._from_shared(d) for n, d in descs.items()}))
+                ok, err = verify_in_blocks(task, result, inputs={
+                    n: self._from_shared(d) for n, d in descs.items()})
         except BaseException:
             self._release()  # a run cut short: its last jobs never went out
             raise

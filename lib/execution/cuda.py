@@ -99,9 +99,9 @@ from lib.platform.workloads import (
     host_dtype,
     round_bf16,
     split_rows,
+    verify_in_blocks,
     workload,
 )
-from lib.platform.workloads import verify as verify_output
 from lib.security.gate1 import check_decision
 
 try:  # the code-gen plane renders kernels with jinja2, which a bare GPU host may
@@ -579,7 +579,7 @@ class CudaBackend:
             decision = fallback
         ok, err_abs = None, None
         if verify:
-            ok, err_abs = verify_output(task, result, w.reference(task, inputs))
+            ok, err_abs = verify_in_blocks(task, result, inputs=inputs)
         metrics = CudaMetrics(
             backend="cuda", measured=True,
             per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},

@@ -59,12 +59,16 @@ import numpy as np
 
 from lib.contract import Decision, TaskSpec
 from lib.execution.base import (
+    HOST_MEMORY_SHARE,
+    VERIFY_FOOTPRINTS,
     BackendUnavailable,
     DeviceError,
     ExecutionError,
     ExecutionMetrics,
+    HostMemoryError,
     Result,
     check_devices,
+    host_scale,
     repeat_timed,
     replan,
 )
@@ -73,9 +77,15 @@ from lib.platform.dask_cluster import (
     cluster_for,
     worker_address,
 )
+from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine, MachineError
 from lib.platform.user_kinds import adopt_kind, kind_payload
-from lib.platform.workloads import split_rows, verify_from_seed, workload
+from lib.platform.workloads import (
+    REFERENCE_BLOCK_BYTES,
+    split_rows,
+    verify_in_blocks,
+    workload,
+)
 from lib.security.gate1 import check_decision
 
 
@@ -239,7 +249,7 @@ class DaskBackend:
         check_devices(decision, self.machine)
         detail: dict[str, Any] = {}
         try:
-            merged, per_dev, totals, info = self._timed(task, decision)
+            merged, per_dev, totals, info = self._timed(task, decision, verify)
         except DeviceError as err:
             if not self.allow_replan:
                 raise
@@ -251,13 +261,13 @@ class DaskBackend:
             if not verdict.accepted:
                 raise ExecutionError(f"{err}; re-plan refused by "
                                      f"{verdict.summary()}") from err
-            merged, per_dev, totals, info = self._timed(task, fallback)
+            merged, per_dev, totals, info = self._timed(task, fallback, verify)
             detail["replanned"] = {"failed_device": err.device, "reason": str(err),
                                    "decision": fallback.to_json()}
             decision = fallback
         ok, err_abs = None, None
         if verify:   # the workers drew the inputs: the client draws a block
-            ok, err_abs = verify_from_seed(task, merged, self.seed)
+            ok, err_abs = verify_in_blocks(task, merged, seed=self.seed)
         metrics = ExecutionMetrics(
             backend="dask", measured=True,
             per_device_seconds={g: statistics.median(v) for g, v in per_dev.items()},
@@ -267,12 +277,13 @@ class DaskBackend:
         return Result(output=merged, metrics=metrics, task=task, decision=decision,
                       detail=detail)
 
-    def _timed(self, task: TaskSpec, decision: Decision):
+    def _timed(self, task: TaskSpec, decision: Decision, verify: bool = False):
         bounds = split_rows(task.split_size, decision.shares)
         active = [pos for pos, (lo, hi) in enumerate(bounds) if hi > lo]
         run = _Run(task, decision, bounds,
                    {pos: self.addresses[decision.gpus[pos]] for pos in active})
         self._check_alive(run)
+        self._check_memory(task, decision, bounds, active, verify)
         t0 = time.perf_counter()
         placed = self._place(run, active)
         place_seconds = time.perf_counter() - t0
@@ -339,6 +350,63 @@ class DaskBackend:
         if decision.mode == "pipelined":
             info["mode_note"] = "pipelined ran as split: one task per shard"
         return merged, per_dev, totals, info
+
+    def _check_memory(self, task: TaskSpec, decision: Decision,
+                      bounds: list[tuple[int, int]], active: list[int],
+                      verify: bool = False, available: float | None = None
+                      ) -> None:
+        """Refuse a run before anything is placed where a worker would pass the
+        share of its memory limit at which Dask pauses it (a paused worker
+        starts no shard, and past the limit its nanny kills it mid-run), or
+        where the workers on this computer and this client together would
+        take more of it than :data:`~lib.execution.base.HOST_MEMORY_SHARE` of
+        what is available. A worker may hold its kind's ``host_footprints``
+        of its shard's footprint (MEASURED worker peaks on dask-local:2: 1.0
+        to 2.5, a stencil the most); the client the result twice over (the
+        parts and their merge) and, with ``verify``, a block of the reference
+        (:func:`~lib.execution.base.host_bytes_needed`'s terms); all at
+        :func:`~lib.execution.base.host_scale` bytes per byte.
+
+        Raises:
+            HostMemoryError: one line naming the worker or this computer.
+        """
+        w = workload(task)
+        scale = host_scale(task)
+        import dask  # the backend's dependency, loaded with the cluster
+
+        share = min((f for f in (dask.config.get("distributed.worker.memory.pause",
+                                                 None),
+                                 dask.config.get(
+                                     "distributed.worker.memory.terminate", None))
+                     if f), default=1.0)
+        here = 0.0
+        for pos in active:
+            lo, hi = bounds[pos]
+            dev = self.machine.devices[decision.gpus[pos]]
+            need = w.work(task, hi - lo).footprint * w.host_footprints * scale
+            if need > share * dev.mem_bytes:
+                raise HostMemoryError(
+                    f"dask backend: shard {pos} (rows {lo}:{hi}) of "
+                    f"{task.describe()} may need {need / 1e9:.1f} GB on "
+                    f"{dev.label}, past {share:.0%} of its memory limit of "
+                    f"{dev.mem_bytes / 1e9:.1f} GB, where Dask pauses it: give "
+                    "the task more workers, or run a smaller one")
+            if self.machine.host_link(dev.index).kind == "loopback":
+                here += need
+        whole = w.total_work(task)
+        here += 2 * whole.bytes_out * scale
+        if verify:
+            here += VERIFY_FOOTPRINTS * min(whole.footprint,
+                                            REFERENCE_BLOCK_BYTES) * scale
+        available = available_memory_bytes() if available is None else available
+        if available is not None and here > HOST_MEMORY_SHARE * available:
+            raise HostMemoryError(
+                f"dask backend: {task.describe()} may need {here / 1e9:.1f} GB "
+                "of this computer's memory (the shards of the workers that run "
+                "here and the result this client merges"
+                f"{', and the reference it verifies with' if verify else ''}"
+                f"), and {available / 1e9:.1f} GB is available: give the task "
+                "workers on other computers, or run a smaller one")
 
     def _key(self, what: str, decision: Decision, rep: int, pos: Any) -> str:
         return f"gpuhive-{what}-{decision.config_hash[:8] or 'unhashed'}-" \

@@ -17,8 +17,7 @@ from lib.costmodel.parameters import params_for
 from lib.execution.base import ExecutionMetrics, Result
 from lib.platform.machines import Machine
 from lib.platform.telemetry import Snapshot
-from lib.platform.workloads import split_rows, workload
-from lib.platform.workloads import verify as verify_output
+from lib.platform.workloads import split_rows, verify_in_blocks, workload
 
 
 class ModelBackend:
@@ -64,5 +63,5 @@ def host_compute_and_verify(task: TaskSpec, decision: Decision, seed: int = 0):
                 for lo, hi in split_rows(task.split_size, decision.shares)
                 if hi > lo]
     output = w.merge(task, partials)
-    ok, err = verify_output(task, output, w.reference(task, inputs))
+    ok, err = verify_in_blocks(task, output, inputs=inputs)
     return output, ok, err

@@ -518,8 +518,8 @@ def like_of(kind: str) -> str:
 #: few MB whatever the result's size.
 VERIFY_BLOCK = 1 << 20
 
-#: Bytes of a task's footprint one block of :func:`verify_from_seed`'s
-#: reference may hold: a task whose whole footprint fits is referenced whole.
+#: Bytes of a task's footprint one block of :func:`verify_in_blocks`'s
+#: reference may cover: a task whose whole footprint fits is referenced whole.
 REFERENCE_BLOCK_BYTES = 256 << 20
 
 
@@ -554,37 +554,45 @@ def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, floa
     return _within(task, err, scale), err
 
 
-def verify_from_seed(task: TaskSpec, out: np.ndarray, seed: int
+def verify_in_blocks(task: TaskSpec, out: np.ndarray, *,
+                     inputs: Arrays | None = None, seed: int = 0
                      ) -> tuple[bool, float]:
-    """:func:`verify` of ``out`` against the reference of the task whose
-    inputs come from ``seed``, without holding the whole task's inputs: the
-    reference is computed in row blocks of at most
-    :data:`REFERENCE_BLOCK_BYTES` of footprint, each from the inputs the seed
-    gives its rows (:meth:`Workload.draw`, the values the whole would give
-    them; a stencil block draws its halo too, so its own rows are exact).
-    Partial sums of a ``sum`` kind are added up before the comparison. A task
-    that fits in one block, or a kind that only makes its inputs whole, is
-    referenced whole, as :func:`verify` would. A Dask client verifies this
-    way: its workers drew the inputs, and it holds only the result."""
+    """:func:`verify` of ``out`` against the reference, computed in row
+    blocks of at most :data:`REFERENCE_BLOCK_BYTES` of footprint, so that the
+    reference's result and temporaries stay a block whatever the task's size.
+    Each block's inputs are cut from ``inputs`` (:meth:`Workload.shard_inputs`,
+    views) or, where None, drawn from ``seed`` (:meth:`Workload.draw`, the
+    values the whole would give them: a Dask client verifies this way, its
+    workers having drawn the inputs). A stencil block takes its halo, so its
+    own rows are exact; a ``sum`` kind's partials are added up before the
+    comparison. A task that fits in one block is referenced whole, as
+    :meth:`Workload.reference` does, and so are the blocks of a kind that
+    only makes its inputs whole, from those."""
     w = workload(task)
     n = task.split_size
+    if inputs is None and type(w).draw is Workload.draw:
+        inputs = w.make_inputs(task, seed)
+    if inputs is None:
+        def block(lo: int, hi: int) -> np.ndarray:
+            return w.compute(task, w.draw(task, seed, (lo, hi)), lo, hi)
+    else:
+        def block(lo: int, hi: int) -> np.ndarray:
+            return w.compute(task, w.shard_inputs(task, inputs, lo, hi), lo, hi)
     footprint = w.total_work(task).footprint
-    if type(w).draw is Workload.draw or footprint <= REFERENCE_BLOCK_BYTES:
-        return verify(task, out, w.reference(task, w.make_inputs(task, seed)))
-    rows = max(1, int(n * REFERENCE_BLOCK_BYTES // footprint))
+    rows = n if footprint <= REFERENCE_BLOCK_BYTES else \
+        max(1, int(n * REFERENCE_BLOCK_BYTES // footprint))
     blocks = [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
-    if task.merge == "sum":
+    if task.merge == "sum" or len(blocks) == 1:
         ref = None
         for lo, hi in blocks:
-            part = w.compute(task, w.draw(task, seed, (lo, hi)), lo, hi)
+            part = block(lo, hi)
             ref = part if ref is None else w.merge(task, [ref, part])
         return verify(task, out, ref)
     if tuple(out.shape) != tuple(w.output_shape(task, n)):
         return False, math.inf
     errs, scales = [], []
     for lo, hi in blocks:
-        ref = w.compute(task, w.draw(task, seed, (lo, hi)), lo, hi)
-        err, scale = _errors(out[lo:hi], ref)
+        err, scale = _errors(out[lo:hi], block(lo, hi))
         errs.append(err)
         scales.append(scale)
     err, scale = float(np.max(errs)), float(np.max(scales))
