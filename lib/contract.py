@@ -339,8 +339,12 @@ class TaskSpec:
         kind: one of :data:`KINDS`.
         dims: dimension name -> size, in the kind's order (:data:`KIND_DIMS`).
         dtype: element type, one of :data:`DTYPES`.
-        divisible_dim: index into the kind's dims of the dimension that is split.
-        merge: how shard results combine: ``"concat"`` or ``"sum"``.
+        divisible_dim: index into the kind's dims of the dimension that is
+            split; default (None) the kind's first split with ``merge``, if
+            given (0 for the built-in kinds; a registered kind's
+            ``divisible``).
+        merge: how shard results combine: ``"concat"`` or ``"sum"``; default
+            the merge of the kind's first split of ``divisible_dim``.
 
     The constructor validates everything and raises :class:`ContractError`.
     """
@@ -348,7 +352,7 @@ class TaskSpec:
     kind: str
     dims: Mapping[str, int]
     dtype: str = DEFAULT_DTYPE
-    divisible_dim: int = 0
+    divisible_dim: int | None = None
     merge: str = ""
 
     def __post_init__(self) -> None:
@@ -372,9 +376,16 @@ class TaskSpec:
         object.__setattr__(self, "dims", dims)
         expect_choice(self.dtype, "dtype", DTYPES)
         splits = KIND_SPLITS[kind]
-        merge = self.merge or splits[0][1]
-        object.__setattr__(self, "merge", expect_choice(merge, "merge", MERGES))
-        dim = expect_int(self.divisible_dim, "divisible_dim", 0, len(names) - 1)
+        if self.merge:
+            expect_choice(self.merge, "merge", MERGES)
+        if self.divisible_dim is None:
+            dim = next((d for d, m in splits if m == (self.merge or m)),
+                       splits[0][0])
+        else:
+            dim = expect_int(self.divisible_dim, "divisible_dim", 0, len(names) - 1)
+        object.__setattr__(self, "divisible_dim", dim)
+        merge = self.merge or next((m for d, m in splits if d == dim), splits[0][1])
+        object.__setattr__(self, "merge", merge)
         if (dim, merge) not in splits:
             ok = ", ".join(f"{names[d]} with {m}" for d, m in splits)
             raise ContractError(

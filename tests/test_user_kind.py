@@ -259,6 +259,11 @@ def test_a_kind_split_along_its_second_dimension_registers_and_runs():
         task = TaskSpec("colscale", {"C": 8, "R": 1000}, divisible_dim=1)
         agent = Agent(machine="hetero-4")
         assert agent.execute(task, agent.optimize(task), verify=True).metrics.verified
+        # a task of the kind splits the dimension it registered by default
+        assert TaskSpec("colscale", {"C": 8, "R": 1000}) == task
+        assert TaskSpec("colscale", {"C": 8, "R": 1000}, merge="concat") == task
+        with pytest.raises(ContractError, match="cannot split C with merge"):
+            TaskSpec("colscale", {"C": 8, "R": 1000}, divisible_dim=0)
     finally:
         unregister_workload("colscale")
 
