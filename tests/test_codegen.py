@@ -346,3 +346,23 @@ def test_concurrent_writers_leave_one_valid_entry(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@needs_nvrtc
+@needs_cxx
+def test_an_answer_cached_under_earlier_checks_is_checked_again(gen, monkeypatch):
+    """The code of the checks an answer passed is part of its cache key: when
+    Gate 2a, Gate 2c or the spot check changes, an answer sealed under the
+    earlier code is a miss, and the new checks run on it before it is
+    served. The template's entries are the project's own and keep theirs."""
+    from lib.codegen import plane
+
+    task, decision = _pair("reduce", "fp32")
+    first = gen.generate(task, decision, "recorded")
+    template = gen.generate(task, decision, "template")
+    assert gen.generate(task, decision, "recorded").cached
+    monkeypatch.setattr(plane, "checks_digest", lambda: "0123456789ab")
+    again = gen.generate(task, decision, "recorded")
+    assert not again.cached and again.cache_key != first.cache_key
+    assert again.verdicts["gate2a"].accepted and again.spot.passed
+    assert gen.generate(task, decision, "template").cache_key == template.cache_key

@@ -53,6 +53,11 @@ def entry(body: str, before: str = "") -> str:
     (entry("", ".extern .func (.param .b32 r) mkdir\n(\n    .param .b64 p\n);\n"),
      "ptx.extern_call"),
     (entry("    call (%r1), %rd2, (%rd1), proto;"), "ptx.indirect_call"),
+    (entry("    mov.u64 %rd1, 4096;\n    st.volatile.u32 [%rd1], %r1;"),
+     "ptx.fixed_address"),
+    (entry("    st.global.u32 [4096], %r1;"), "ptx.fixed_address"),
+    (entry("    mov.u32 %r1, %tid.x;\n    mul.wide.u32 %rd1, %r1, 4;\n"
+           "    atom.global.add.u32 %r2, [%rd1+8], 1;"), "ptx.fixed_address"),
 ])
 def test_each_check_fires_on_its_instruction(ptx, check):
     verdict = check_ptx(ptx, "k")
@@ -88,6 +93,39 @@ def test_a_constant_only_loaded_and_the_math_tables_pass():
             "    @%p1 ld.global.nc.u32 %r2, [TILE+4];\n"
             "    mov.u64 %rd1, __cudart_i2opi_f;")
     assert check_ptx(entry(body, before), "k").accepted
+
+
+def test_addresses_from_a_parameter_a_symbol_or_a_load_pass():
+    """Only an address of constants and thread indices is refused: one
+    derived from a parameter (through cvta, arithmetic, a select with 0, a
+    loop's redefinition), a shared array or a loaded pointer passes."""
+    body = ("    ld.param.u64 %rd1, [k_param_0];\n"
+            "    cvta.to.global.u64 %rd2, %rd1;\n"
+            "    mov.u32 %r1, %tid.x;\n"
+            "    mul.wide.u32 %rd3, %r1, 4;\n"
+            "    add.s64 %rd2, %rd2, %rd3;\n"
+            "    selp.b64 %rd3, %rd2, 0, %p1;\n"
+            "    st.global.v2.f32 [%rd3+8], {%f1, %f2};\n"
+            "    ld.global.u64 %rd3, [%rd2];\n"
+            "    st.global.u32 [%rd3], %r1;\n"
+            "    mov.u64 %rd3, stash;\n"
+            "    st.shared.u32 [%rd3+4], %r1;\n"
+            "    ld.shared.u32 %r2, [stash+8];")
+    verdict = check_ptx(entry(body, ".shared .align 4 .b8 stash[64];\n"), "k")
+    assert verdict.accepted, verdict.summary()
+
+
+@needs_nvrtc
+def test_a_store_to_a_fixed_address_behind_a_size_is_refused():
+    """The store runs only for n == 7, which the spot check's sizes never
+    meet; the PTX shows where it goes."""
+    source = SAXPY % ("", "") + (
+        'extern "C" __global__ void bomb(float* out, long long n) {\n'
+        "    if (n == 7) *(volatile int*)0x1000 = 1;\n"
+        "    if (threadIdx.x == 0) out[0] = 1.0f;\n}\n")
+    verdict = check_ptx(compile_ptx(source, "k.cu", 75, []), "bomb")
+    assert verdict.checks == ("ptx.fixed_address",), verdict.summary()
+    assert "bomb reaches memory" in verdict.summary()
 
 
 def test_launch_bounds_must_admit_the_block():

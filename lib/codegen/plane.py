@@ -25,6 +25,8 @@ template can serve gets a kernel.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.codegen import emulate as emulate_module
 from lib.codegen import isolation, llm, nvrtc, spotcheck
 from lib.codegen.cache import KernelCache, cache_key
 from lib.codegen.emulate import EmulationError
@@ -52,6 +55,24 @@ DEFAULT_ARCH = 80
 """Compute capability PTX is generated for (compute_80 runs on sm_80 and newer)."""
 
 LABELS = {"template": "TEMPLATE", "recorded": "RECORDED"}
+
+
+@functools.cache
+def checks_digest() -> str:
+    """12 hex digits of the SHA-256 of the code that checks an untrusted
+    kernel: the security layer (Gate 2a's scanner, Gate 2c, the sandbox),
+    the spot check and the emulation it runs in, with its headers. Part of
+    an LLM answer's cache key, so that a change to any check is a miss."""
+    import lib.security
+
+    files = sorted(Path(lib.security.__file__).parent.rglob("*.py"))
+    files += [Path(m.__file__) for m in (spotcheck, isolation, emulate_module)]
+    files += sorted(p for p in (Path(emulate_module.__file__).parent / "emu").rglob("*")
+                    if p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -241,8 +262,12 @@ class CodeGenerator:
             # where its spot check ran is part of an answer's key: a kernel
             # checked in emulation on a host without a GPU is checked again
             # on the device by a host with one that reads the same cache
+            # and so is the code of the checks it passed: an answer a later
+            # Gate 2a, 2c or spot check would refuse is not served from a
+            # cache it entered under an earlier one
             version = (f"{version}.p{llm.PROMPT_VERSION}"
-                       f".spot-{spotcheck.resolve_runner(self.spot_runner)}")
+                       f".spot-{spotcheck.resolve_runner(self.spot_runner)}"
+                       f".checks-{checks_digest()}")
         if overrides:
             version += "." + ",".join(f"{k}={v}" for k, v in sorted(
                 overrides.items()))

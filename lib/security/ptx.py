@@ -28,6 +28,14 @@ use for:
 - ``ptx.indirect_call``: a call through a register (a function pointer).
 - ``ptx.recursion``: a cycle in the call graph: its stack depth is not known
   when the kernel is compiled, so ptxas cannot bound it.
+- ``ptx.fixed_address``: a load, store or atomic at an address made of
+  constants and thread indices alone (``*(int*)0x1000 = 1``), which no
+  buffer the kernel was given can be at: on a device it writes wherever
+  that address happens to map, and, behind a condition the spot check's
+  sizes never meet (``if (n == 7)``), it would run nowhere before. An
+  address derived from a parameter, a symbol or a loaded value passes
+  (pointer arithmetic that strays from its buffer is the spot check's and
+  the sanitizers' to catch, where it runs).
 - ``ptx.launch_bounds``: an entry whose ``.maxntid`` or ``.reqntid`` (from
   ``__launch_bounds__``) does not admit the decision's block: every launch
   would fail on a device, while the emulator ignores the bound.
@@ -65,6 +73,72 @@ _SURFACE = re.compile(r"\bsust(?:\.\w+)*")
 _SYSTEM = re.compile(r"\b(?:atom|red)(?:\.\w+)*?\.sys\b")
 _BOUNDS = re.compile(r"\.(maxntid|reqntid)\s+([\d\s,]+)")
 _CALL = re.compile(r"\bcall(?:\.uni)?\s+([^;]*);", re.S)
+
+
+_INSTRUCTION = re.compile(
+    r"(?:@!?%\w+\s+)?([a-z][\w.]*)\s*([^;{}]*(?:\{[^}]*\}[^;]*)?);")
+_OPERAND = re.compile(r"\{[^}]*\}|\[[^\]]*\]|[^,\s][^,]*")
+_REGISTER = re.compile(r"%[\w$]+")
+#: Special registers: thread and block indices and sizes, SM and warp ids,
+#: clocks, counters: none is an address.
+_SPECIAL = re.compile(r"%(?:tid|ntid|ctaid|nctaid|laneid|warpid|nwarpid|smid|"
+                      r"nsmid|gridid|clusterid|nclusterid|cluster_ctaid|"
+                      r"cluster_nctaid|cluster_ctarank|cluster_nctarank|"
+                      r"lanemask_\w+|clock\w*|globaltimer\w*|pm\d+\w*|envreg\d+|"
+                      r"total_smem_size|dynamic_smem_size|aggr_smem_size|"
+                      r"reserved_smem_offset\w*)(?:\.[xyz])?$")
+_NUMBER = re.compile(r"[-+]?(?:0[xX][0-9a-fA-F]+|0[fFdD][0-9a-fA-F]+|\d+)U?$")
+_MEMORY = re.compile(r"(?:ld|ldu|st|atom|red|prefetch|prefetchu|cp\.async|"
+                     r"multimem)\b")
+
+
+def _fixed_addresses(body: str) -> list[str]:
+    """The memory instructions of one function body whose address is a
+    number, or a register computed only from numbers and special registers
+    (flow-insensitively: a register any of whose definitions draws on a
+    parameter, a symbol, a load or a register it never defines is taken as
+    based on something given)."""
+    defs: dict[str, list[tuple[str, list[str]]]] = {}
+    memory: list[tuple[str, str]] = []
+    for m in _INSTRUCTION.finditer(body):
+        op, operands = m.group(1), _OPERAND.findall(m.group(2))
+        if op.startswith(".") or not operands:
+            continue
+        if _MEMORY.match(op) and ".param" not in op:
+            for operand in operands:
+                if operand.startswith("["):
+                    memory.append((m.group(0).strip(), operand[1:-1]))
+                    break
+        if op.startswith(("st.", "red.", "prefetch", "bra", "ret", "call", "bar",
+                          "membar", "fence", "cp.async")):
+            continue
+        dests = _REGISTER.findall(operands[0])
+        for d in dests:
+            defs.setdefault(d, []).append((op, operands[1:]))
+    based: set[str] = set()
+
+    def is_based(operand: str) -> bool:
+        regs = _REGISTER.findall(operand)
+        if not regs:   # a number, or a symbol (a buffer the module holds)
+            return not _NUMBER.match(operand.strip("[] "))
+        return any(r in based or (r not in defs and not _SPECIAL.match(r))
+                   for r in regs)
+
+    changed = True
+    while changed:
+        changed = False
+        for reg, forms in defs.items():
+            if reg not in based and any(
+                    op.startswith(("ld", "ldu", "atom")) or any(
+                        is_based(x) for x in srcs) for op, srcs in forms):
+                based.add(reg)
+                changed = True
+    out = []
+    for line, address in memory:
+        base = address.split("+")[0].strip()
+        if _NUMBER.match(base) or (base in defs and base not in based):
+            out.append(line[:60])
+    return out
 
 
 def _bodies(ptx: str) -> dict[str, str]:
@@ -169,6 +243,12 @@ def check_ptx(ptx: str, entry: str | None = None,
         if indirect:
             out.append(Violation("ptx.indirect_call", f"{name} calls through a "
                                  "function pointer"))
+    for name, body in bodies.items():
+        fixed = _fixed_addresses(body)
+        if fixed:
+            out.append(Violation("ptx.fixed_address", f"{name} reaches memory at "
+                                 f"an address made of constants ({fixed[0]}): "
+                                 "no buffer it was given"))
     cycle = _cycle(graph)
     if cycle:
         out.append(Violation("ptx.recursion", "recursion: " + " -> ".join(cycle)))
