@@ -362,3 +362,14 @@ def test_kill_denied_stops_the_program_at_the_attempt(program: Path, scratch: Pa
     assert b"errno=" not in result.stdout  # it never got to carry on
     assert run([_with_program(program, scratch), "threads"], scratch=scratch,
                kill_denied=True).stdout == b"threads=2016\n"
+
+
+def test_an_exit_status_a_signal_gave_is_named():
+    """A sandboxed child a signal ended says which (NVRTC crashing on a
+    source nested too deep exited with 139, and said nothing more)."""
+    from lib.security.sandbox import exit_status
+
+    assert exit_status(139) == "139 (SIGSEGV)"
+    assert exit_status(134) == "134 (SIGABRT)"
+    assert exit_status(-9) == "-9 (SIGKILL)"
+    assert exit_status(1) == "1" and exit_status(3) == "3"

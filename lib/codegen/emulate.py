@@ -291,7 +291,8 @@ def run_emulated(
         if proc.returncode != 0:
             raise EmulationError(
                 f"{entry} (grid {grid}, block {block}) exited with "
-                f"{proc.returncode}: {finding(proc.stderr)}\n{proc.stderr[-4000:]}"
+                f"{sandbox.exit_status(proc.returncode)}: {finding(proc.stderr)}\n"
+                f"{proc.stderr[-4000:]}"
             )
         return [
             np.fromfile(path, dtype=a.dtype).reshape(a.shape) for path, a in outputs
@@ -359,7 +360,8 @@ def _run_sandboxed(binary: Path, entry: str, grid: int | Sequence[int],
             stderr = result.stderr.decode(errors="replace")
             raise EmulationError(
                 f"{entry} (grid {grid}, block {block}) exited with "
-                f"{result.returncode} (sandboxed): {finding(stderr)}\n"
+                f"{sandbox.exit_status(result.returncode)} (sandboxed): "
+                f"{finding(stderr)}\n"
                 + stderr[-4000:])
         return [np.fromfile(path, dtype=a.dtype).reshape(a.shape)
                 for path, a in outputs]

@@ -226,7 +226,8 @@ def compile_ptx_isolated(source: str, name: str, arch: int,
                                + result.stderr.decode(errors="replace"))
         if result.returncode != 0:
             raise IsolationError(f"NVRTC child on {name} exited with "
-                                 f"{result.returncode}: " + _first_line(
+                                 f"{sandbox.exit_status(result.returncode)}: "
+                                 + _first_line(
                                      result.stderr.decode(errors="replace")))
         return Path(tmp, "kernel.ptx").read_text()
 

