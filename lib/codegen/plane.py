@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib import security as security_package
 from lib.codegen import emulate as emulate_module
 from lib.codegen import isolation, llm, nvrtc, spotcheck
 from lib.codegen.cache import KernelCache, cache_key
@@ -63,9 +64,7 @@ def checks_digest() -> str:
     kernel: the security layer (Gate 2a's scanner, Gate 2c, the sandbox),
     the spot check and the emulation it runs in, with its headers. Part of
     an LLM answer's cache key, so that a change to any check is a miss."""
-    import lib.security
-
-    files = sorted(Path(lib.security.__file__).parent.rglob("*.py"))
+    files = sorted(Path(security_package.__file__).parent.rglob("*.py"))
     files += [Path(m.__file__) for m in (spotcheck, isolation, emulate_module)]
     files += sorted(p for p in (Path(emulate_module.__file__).parent / "emu").rglob("*")
                     if p.is_file())

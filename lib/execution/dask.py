@@ -40,8 +40,19 @@ renormalised, the new decision through Gate 1, ``detail["replanned"]``), as the
 cuda backend does. The run's outstanding tasks are cancelled first; no partial
 result is ever returned.
 
+**Memory.** A run is refused before anything is placed where a shard would
+take its worker past the share of its memory limit where Dask pauses it, or
+where the workers on this computer and the client together would not fit in
+what it has available (:meth:`DaskBackend._check_memory`); the client verifies
+against a reference it draws a block at a time.
+
 :mod:`lib.execution.dask_measure` measures the links between workers and
 benchmarks this backend against the cpu backend.
+
+Why one module: placing, submitting, merging, timing, the failure path and
+the memory check all turn on the one run's bookkeeping (its shards, their
+workers and futures), and a re-plan runs them all again; split, each part
+would take that bookkeeping as an argument it only passes on.
 """
 
 from __future__ import annotations
