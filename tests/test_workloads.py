@@ -207,9 +207,12 @@ def test_a_reference_in_row_blocks_verifies_as_the_whole_does(
     w = workload(task)
     inputs = w.make_inputs(task, 11)
     good = w.reference(task, inputs)
-    # at most ~7 rows a block: several blocks, none on a shard's edge
+    # at most ~7 rows a block: several blocks, none on a shard's edge (a
+    # block's bytes are those of its rows; matmul's B comes with each)
+    whole_work = w.total_work(task)
     monkeypatch.setattr(wl, "REFERENCE_BLOCK_BYTES",
-                        w.total_work(task).footprint * 7 // task.split_size)
+                        (whole_work.footprint - whole_work.bytes_in_fixed) * 7
+                        // task.split_size)
 
     def whole(*_args):
         raise AssertionError("made the whole task's inputs")
@@ -236,3 +239,16 @@ def test_a_reference_in_row_blocks_verifies_as_the_whole_does(
         assert wl.verify_in_blocks(task, extra, seed=11, **given) == (False, np.inf)
     if source == "seed":
         assert not wl.verify_in_blocks(task, good, seed=12)[0]
+
+
+def test_a_reference_block_counts_its_rows_and_the_inputs_every_block_needs():
+    """A block covers a share of the rows' bytes and, drawn from the seed,
+    matmul's whole B again; a task under a block is covered whole."""
+    from lib.platform.workloads import REFERENCE_BLOCK_BYTES, reference_block_bytes
+
+    small = TaskSpec("matmul", {"M": 64, "N": 64, "K": 64})
+    assert reference_block_bytes(small) == workload(small).total_work(small).footprint
+    big = TaskSpec("matmul", {"M": 65536, "N": 8192, "K": 8192})
+    assert reference_block_bytes(big) == REFERENCE_BLOCK_BYTES + 4 * 8192 * 8192
+    flat = TaskSpec("elementwise", {"N": 500_000_000})
+    assert reference_block_bytes(flat) == REFERENCE_BLOCK_BYTES

@@ -16,7 +16,7 @@ import numpy as np
 from lib.contract import Decision, TaskSpec
 from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine
-from lib.platform.workloads import REFERENCE_BLOCK_BYTES, compute_dtype, workload
+from lib.platform.workloads import compute_dtype, reference_block_bytes, workload
 
 
 class BackendUnavailable(RuntimeError):
@@ -87,7 +87,7 @@ def host_bytes_needed(task: TaskSpec, verify: bool = False) -> float:
     footprint = w.total_work(task).footprint
     need = footprint * w.host_footprints
     if verify:
-        need += VERIFY_FOOTPRINTS * min(footprint, REFERENCE_BLOCK_BYTES)
+        need += VERIFY_FOOTPRINTS * reference_block_bytes(task)
     return need * scale
 
 

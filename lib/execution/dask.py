@@ -92,7 +92,7 @@ from lib.platform.hostinfo import available_memory_bytes
 from lib.platform.machines import Machine, MachineError
 from lib.platform.user_kinds import adopt_kind, kind_payload
 from lib.platform.workloads import (
-    REFERENCE_BLOCK_BYTES,
+    reference_block_bytes,
     split_rows,
     verify_in_blocks,
     workload,
@@ -407,8 +407,7 @@ class DaskBackend:
         whole = w.total_work(task)
         here += 2 * whole.bytes_out * scale
         if verify:
-            here += VERIFY_FOOTPRINTS * min(whole.footprint,
-                                            REFERENCE_BLOCK_BYTES) * scale
+            here += VERIFY_FOOTPRINTS * reference_block_bytes(task) * scale
         available = available_memory_bytes() if available is None else available
         if available is not None and here > HOST_MEMORY_SHARE * available:
             raise HostMemoryError(

@@ -554,11 +554,24 @@ def verify(task: TaskSpec, out: np.ndarray, ref: np.ndarray) -> tuple[bool, floa
     return _within(task, err, scale), err
 
 
+def reference_block_bytes(task: TaskSpec) -> float:
+    """Bytes of the task's footprint one block of :func:`verify_in_blocks`
+    covers: the whole footprint where it fits in
+    :data:`REFERENCE_BLOCK_BYTES`; else that many bytes of rows, and the
+    inputs every block needs whole (matmul's B), which a block drawn from
+    the seed draws again."""
+    whole = workload(task).total_work(task)
+    if whole.footprint <= REFERENCE_BLOCK_BYTES:
+        return whole.footprint
+    return REFERENCE_BLOCK_BYTES + whole.bytes_in_fixed
+
+
 def verify_in_blocks(task: TaskSpec, out: np.ndarray, *,
                      inputs: Arrays | None = None, seed: int = 0
                      ) -> tuple[bool, float]:
     """:func:`verify` of ``out`` against the reference, computed in row
-    blocks of at most :data:`REFERENCE_BLOCK_BYTES` of footprint, so that the
+    blocks of at most :data:`REFERENCE_BLOCK_BYTES` of their rows' footprint
+    (besides the inputs every block needs whole), so that the
     reference's result and temporaries stay a block whatever the task's size.
     Each block's inputs are cut from ``inputs`` (:meth:`Workload.shard_inputs`,
     views) or, where None, drawn from ``seed`` (:meth:`Workload.draw`, the
@@ -578,9 +591,10 @@ def verify_in_blocks(task: TaskSpec, out: np.ndarray, *,
     else:
         def block(lo: int, hi: int) -> np.ndarray:
             return w.compute(task, w.shard_inputs(task, inputs, lo, hi), lo, hi)
-    footprint = w.total_work(task).footprint
-    rows = n if footprint <= REFERENCE_BLOCK_BYTES else \
-        max(1, int(n * REFERENCE_BLOCK_BYTES // footprint))
+    whole = w.total_work(task)
+    rows = n if whole.footprint <= REFERENCE_BLOCK_BYTES else min(n, max(1, int(
+        n * REFERENCE_BLOCK_BYTES // max(whole.footprint - whole.bytes_in_fixed,
+                                         1.0))))
     blocks = [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
     if task.merge == "sum" or len(blocks) == 1:
         ref = None
