@@ -369,3 +369,23 @@ def test_head_to_head_of_a_run_is_in_its_json(smoke_report):
     assert h["states"] == ["busy"] and h["label"] == "PREDICTED (model)"
     # on the model backend the optimum is the optimum: nothing beats it
     assert h["ratio"] <= 1.0 + 1e-9 and h["wins"] == 0
+
+
+@pytest.mark.parametrize("machine, applies", [("uni-server-2gpu-induced", True),
+                                              ("uni-server-1gpu", False)])
+def test_t1_applies_to_devices_that_differ_not_to_names(machine, applies):
+    """T1 is for heterogeneous machines: the induced two-GPU server (two A100s
+    of one name, one clock-locked) is one, and a speedup past the bound passes
+    there; on one card it cannot pass, whatever the speedup."""
+    from lib.evaluation.report import LEARNED
+    from lib.evaluation.targets import targets
+    task = TaskSpec("reduce", {"N": 1 << 20})
+    rows = [Row(policy, task, "idle", seconds, 2.0, 1.0, 10.0, 5.0, True,
+                "PREDICTED (model)")
+            for policy, seconds in ((LEARNED, 1.0), ("proportional-peak", 1.5))]
+    report = EvalReport(machine, "model", "smoke", 0, False, rows, [], [], [], [],
+                        [], 0.0, latency={"p50_us": 50.0, "p99_us": 90.0,
+                                          "decisions": 1})
+    t1 = next(t for t in targets(report, load_machine(machine)) if t.id == "T1")
+    assert t1.passed is applies
+    assert ("heterogeneous machines" in t1.note) is not applies

@@ -509,3 +509,20 @@ def test_the_reference_chapters_profiles_load():
     machines = [machine_from_json(json.loads(b)) for b in blocks]
     assert any(d.provenance.get("mem_bw") == "measured"
                for m in machines for d in m.devices)
+
+
+def test_heterogeneous_is_what_devices_can_do_not_their_names():
+    assert load_machine("hetero-4").heterogeneous
+    # two A100s of one name, one clock-locked to 60 %: heterogeneous
+    assert load_machine("uni-server-2gpu-induced").heterogeneous
+    assert not load_machine("uni-server-1gpu").heterogeneous
+    twins = {"name": "twins", "devices": [{"catalog": "L4"}, {"catalog": "L4"}]}
+    assert not machine_from_json(twins).heterogeneous
+    # the same cards, one behind a network link to the host
+    far = {"name": "far", "devices": [{"catalog": "L4", "host_link": "network"},
+                                      {"catalog": "L4"}]}
+    assert machine_from_json(far).heterogeneous
+    # peer links join pairs: an NVLink pair among four alike stays homogeneous
+    pair = {**twins, "devices": [{"catalog": "L4"}] * 4,
+            "peers": [{"a": 0, "b": 1, "kind": "nvlink", "p2p": True}]}
+    assert not machine_from_json(pair).heterogeneous

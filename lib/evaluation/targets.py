@@ -24,14 +24,15 @@ def targets(report: EvalReport, machine: Machine) -> list[Target]:
     rl = [r for r in rows if r.policy == LEARNED]
     out = []
     label = report.label
-    hetero = len({d.name for d in machine.devices}) > 1 or report.measured
+    hetero = machine.heterogeneous or report.measured
     bound = 1.10 if report.measured else 1.25
     if have_rl:
         s = geomean([r.speedup for r in rl])
         out.append(Target("T1", s >= bound and hetero, f"{s:.2f}x over equal split "
                           f"{label}", f">= {bound:.2f}x",
                           "" if hetero
-                          else "the machine's devices are all the same card"))
+                          else "the machine's devices are all alike: T1 is a target "
+                          "for heterogeneous machines"))
         ratios = [r.seconds / r.optimum_seconds for r in rl if r.optimum_seconds]
         if ratios:
             g = geomean(ratios)

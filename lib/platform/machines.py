@@ -213,6 +213,18 @@ class Machine:
         """Whether the devices are a Dask cluster's workers (see Eq. (1))."""
         return self.real_backends == ("dask",)
 
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether its devices differ in what they can do: in a throughput,
+        their memory, or their link to the host (a card clock-locked to 60 %,
+        or one behind a network link, differs from its twin of the same
+        name). Peer links are left out: they join pairs, not devices."""
+        def can(d: Device, h: Link) -> tuple[float, ...]:
+            return (d.peak_fp32, d.peak_fp64, d.tensor_fp16, d.tensor_bf16,
+                    d.mem_bytes, d.mem_bw, h.bandwidth, h.latency)
+        return len({can(d, h) for d, h in zip(self.devices, self.host_links,
+                                              strict=True)}) > 1
+
     def host_link(self, i: int) -> Link:
         """Device ``i``'s link to the host."""
         return self.host_links[i]
