@@ -389,3 +389,38 @@ def test_t1_applies_to_devices_that_differ_not_to_names(machine, applies):
     t1 = next(t for t in targets(report, load_machine(machine)) if t.id == "T1")
     assert t1.passed is applies
     assert ("heterogeneous machines" in t1.note) is not applies
+
+
+#: A machine a large rung of the ladder does not fit: a 1 GB card beside an H100.
+SMALL_CARD = {"name": "small-card", "devices": [
+    {"name": "Small", "peak_fp32": 1e12, "mem_bytes": 1e9, "mem_bw": 1e11},
+    {"catalog": "H100 SXM"}]}
+
+
+def test_tasks_whose_equal_split_does_not_fit_are_made_smaller():
+    """On a 1 GB card the ladder's large rungs' equal split is refused, so
+    their speedup over it was NaN (T1 printed 'nanx'): they are made smaller,
+    keeping their fixed sizes, and the rest are left as they are."""
+    from lib.env.curriculum import fitting_equal_split
+    from lib.platform.machines import machine_from_json
+    from lib.scoring import evaluate_policy, fit_tasks
+    machine = machine_from_json(SMALL_CARD)
+    tasks = task_set("model", "quick")
+    assert any(fitting_equal_split(t, machine, None) is None for t in tasks)
+    fitted, lines = fit_tasks(tasks, machine)
+    assert len(fitted) == len(tasks) and 0 < len(lines) < len(tasks)
+    for before, after in zip(tasks, fitted, strict=True):
+        assert fitting_equal_split(after, machine, None) is not None
+        if fitting_equal_split(before, machine, None) is not None:
+            assert after == before
+        else:
+            assert after.split_size < before.split_size
+            assert {k: v for k, v in after.dims.items() if k in ("T", "B")} == \
+                {k: v for k, v in before.dims.items() if k in ("T", "B")}
+            assert any(before.describe() in line for line in lines)
+    ev = evaluate_policy(make_policy("proportional-peak"), machine, tasks)
+    assert math.isfinite(ev["speedup_vs_equal"]) and ev["fitted"] == lines
+    # where no memory is free, not even one row fits: left out, saying so
+    full = dataclasses.replace(busy(machine, [0.0, 0.0]), free_bytes=(0.0, 0.0))
+    kept, lines = fit_tasks(tasks[:2], machine, (None, full))
+    assert kept == [] and all("left out" in line for line in lines)

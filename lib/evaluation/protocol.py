@@ -79,7 +79,14 @@ from lib.policies.baselines import Policy
 from lib.policies.oracle import optimum
 from lib.policies.registry import POLICIES, make_policy
 from lib.runtime import Agent, DecisionRejected, live_snapshot
-from lib.scoring import bootstrap_ci, decision_latency, geomean, random_tasks, task_set
+from lib.scoring import (
+    bootstrap_ci,
+    decision_latency,
+    fit_tasks,
+    geomean,
+    random_tasks,
+    task_set,
+)
 
 
 def physical_limit(task: TaskSpec, machine: Machine,
@@ -146,7 +153,13 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
     notes: list[str] = []
     measured = backend != "model"
     repeats = repeats or pick(budget, smoke=1, quick=3, full=5)
-    tasks = task_set(backend, budget, seed)
+    states = _states(machine, backend)
+    tasks, fitted = fit_tasks(task_set(backend, budget, seed), machine,
+                              [snap for _, snap in states])
+    if fitted:
+        notes.append(f"{len(fitted)} of the task set's tasks did not fit on "
+                     f"{machine.name} with the equal split, the reference of "
+                     "every speedup, and were made smaller: " + "; ".join(fitted))
     left_out = {"rl"} if with_optimum else {"rl", "oracle"}
     policies: dict[str, Policy] = {name: make_policy(name, seed)
                                    for name in POLICIES if name not in left_out}
@@ -162,7 +175,6 @@ def evaluate(machine_name: str = "hetero-4", backend: str = "model",
         # one timed run a call: _measure interleaves the repeats itself
         runner = get_backend(backend, machine, seed=seed, repeats=1, warmup=0)
     rows: list[Row] = []
-    states = _states(machine, backend)
     bar = _progress(progress, len(tasks) * len(states) * len(policies), "evaluate")
     if measured:
         notes.append("states loaded-1, loaded-2 and load-mid are induced: "

@@ -17,9 +17,9 @@ Table 4, the ablations and the transfer test.
 from lib.scoring.latency import decision_latency
 from lib.scoring.metrics import bootstrap_ci, geomean
 from lib.scoring.policy import evaluate_policy, format_evaluation
-from lib.scoring.tasks import held_out_tasks, random_tasks, task_set
+from lib.scoring.tasks import fit_tasks, held_out_tasks, random_tasks, task_set
 
 __all__ = [
     "bootstrap_ci", "decision_latency", "evaluate_policy", "format_evaluation",
-    "geomean", "held_out_tasks", "random_tasks", "task_set",
+    "fit_tasks", "geomean", "held_out_tasks", "random_tasks", "task_set",
 ]

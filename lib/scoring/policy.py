@@ -23,6 +23,7 @@ from lib.platform.telemetry import Snapshot
 from lib.policies.baselines import EqualSplit, Policy, ProportionalToPeak
 from lib.policies.oracle import optimum
 from lib.scoring.metrics import geomean
+from lib.scoring.tasks import fit_tasks
 from lib.security import check_decision
 
 #: The names of a result's ``geo_seconds``, the evaluated policy first.
@@ -40,7 +41,9 @@ def evaluate_policy(policy: Policy, machine: str | Machine,
     Args:
         policy: anything with ``decide(task, machine, telemetry) -> Decision``.
         machine: a profile name or a machine.
-        tasks: the task set (see :mod:`lib.scoring.tasks`).
+        tasks: the task set (see :mod:`lib.scoring.tasks`); a task whose
+            equal split does not fit on ``machine`` is made smaller
+            (:func:`~lib.scoring.tasks.fit_tasks`).
         telemetry: the device state every decision and prediction sees.
         backend: ``"model"`` PREDICTS with ``params`` (default: the machine's
             calibrated parameters where saved); a real backend MEASURES.
@@ -49,13 +52,15 @@ def evaluate_policy(policy: Policy, machine: str | Machine,
             (0: as much as the equal split).
 
     Returns:
-        ``label``, ``machine``, ``policy``, ``tasks``, ``refused`` (the
+        ``label``, ``machine``, ``policy``, ``tasks``, ``fitted`` (a line for
+        each task made smaller to fit), ``refused`` (the
         policy's decisions Gate 1 refused), ``geo_seconds`` per name of
         :data:`REFERENCES`, ``rl_over_opt`` (geo-mean T_policy / T_opt),
         ``speedup_vs_equal``, ``speedup_vs_peak``, ``per_task`` (seconds per
         name, in task order).
     """
     m = load_machine(machine)
+    tasks, fitted = fit_tasks(tasks, m, (telemetry,))
     measured = backend != "model"
     runner = get_backend(backend, m) if measured else None
     params = params if params is not None else params_for(m.name)
@@ -88,7 +93,8 @@ def evaluate_policy(policy: Policy, machine: str | Machine,
     geo = {k: geomean(v) for k, v in times.items()}
     return {"label": f"{'MEASURED' if measured else 'PREDICTED'} ({backend})",
             "machine": m.name, "policy": getattr(policy, "name", "policy"),
-            "tasks": len(tasks), "refused": refused, "geo_seconds": geo,
+            "tasks": len(tasks), "fitted": fitted, "refused": refused,
+            "geo_seconds": geo,
             "rl_over_opt": geo["rl"] / geo["optimum"],
             "speedup_vs_equal": geo["equal"] / geo["rl"],
             "speedup_vs_peak": geo["proportional-peak"] / geo["rl"],

@@ -12,19 +12,28 @@ written twice:
   (:func:`lib.env.curriculum.sample_task`) drawn from a generator of its own,
   so no training environment ever sees these tasks.
 
+A ladder is one for every machine, and a large rung may not fit a machine
+with little memory: its equal split, the reference of every speedup, would be
+refused by Gate 1 and could not run. :func:`fit_tasks` makes such a task
+smaller, as the training distribution does, and says which.
+
 The size ranges differ by backend: large enough on the model backend to stress
 real GPUs, small enough on measured CPU cores to finish in minutes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import numpy as np
 
 from lib.budgets import pick
 from lib.contract import KINDS, TaskSpec
-from lib.env.curriculum import sample_task
+from lib.env.curriculum import fitting_equal_split, sample_task
 from lib.env.split import MODEL_LOG10_BYTES
 from lib.platform.machines import Machine
+from lib.platform.telemetry import Snapshot
 
 Ladder = dict[str, tuple[dict[str, int], dict[str, int]]]
 
@@ -45,6 +54,8 @@ SIZES_MEASURED: Ladder = {
 }
 #: Dimensions that stay at the small end (time steps, bins): not a size.
 FIXED_DIMS = ("T", "B")
+#: Each step of :func:`fit_tasks` scales a task's sizes by this.
+SHRINK_STEP = 0.8
 
 
 def ladder(backend: str) -> Ladder:
@@ -105,3 +116,50 @@ def held_out_tasks(machine: Machine, count: int, seed: int = 7919,
     SeedSequence-derived seeds, never this one)."""
     rng = np.random.default_rng((seed, 0xE7A1))
     return [sample_task(rng, machine, None, log10_bytes) for _ in range(count)]
+
+
+def fit_tasks(tasks: Sequence[TaskSpec], machine: Machine,
+              snapshots: Sequence[Snapshot | None] = (None,)
+              ) -> tuple[list[TaskSpec], list[str]]:
+    """The tasks, each made smaller where its equal split does not fit on
+    ``machine`` under one of ``snapshots`` (Gate 1 refuses it, for memory),
+    so that the speedup over the equal split is defined on every task.
+
+    A task's sizes but its fixed ones (:data:`FIXED_DIMS`) shrink by
+    :data:`SHRINK_STEP` a step, keeping their proportions, until its equal
+    split fits everywhere; a task that does not fit even at one row is left
+    out.
+
+    Returns:
+        The tasks, in order, and one line for each task made smaller or left
+        out (empty when every task fits as it is).
+    """
+    out, changed = [], []
+    for task in tasks:
+        fitted = _fit(task, machine, snapshots)
+        if fitted is None:
+            changed.append(f"{task.describe()} left out: its equal split does "
+                           f"not fit on {machine.name} even at one row")
+            continue
+        if fitted != task:
+            changed.append(f"{task.describe()} made {fitted.describe()}: its "
+                           f"equal split did not fit in {machine.name}'s memory")
+        out.append(fitted)
+    return out, changed
+
+
+def _fit(task: TaskSpec, machine: Machine,
+         snapshots: Sequence[Snapshot | None]) -> TaskSpec | None:
+    """``task``, or the first smaller one whose equal split fits; None where
+    none does."""
+    scale = 1.0
+    while True:
+        dims = {k: v if k in FIXED_DIMS else max(1, int(v * scale))
+                for k, v in task.dims.items()}
+        smaller = dataclasses.replace(task, dims=dims)
+        if all(fitting_equal_split(smaller, machine, snap) is not None
+               for snap in snapshots):
+            return smaller
+        if all(v == 1 for k, v in dims.items() if k not in FIXED_DIMS):
+            return None
+        scale *= SHRINK_STEP
