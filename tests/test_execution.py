@@ -376,7 +376,7 @@ def test_a_run_too_large_for_the_computers_memory_is_refused_before_it_starts(
     with pytest.raises(HostMemoryError) as err:
         check_host_memory(task, verify=True, available=1e9)
     text = str(err.value)
-    assert "elementwise[N=50000000]" in text and "1.0 GB is available" in text
+    assert "elementwise[N=50000000]" in text and "90% of the 1.0 GB available" in text
     assert "with --verify" in text and "\n" not in text
     monkeypatch.setattr(base, "available_memory_bytes", lambda: 1e9)
     d = EqualSplit().decide(task, local_cpu).with_hash(task)

@@ -109,8 +109,9 @@ def check_host_memory(task: TaskSpec, verify: bool = False,
             f"{backend} backend: {task.describe()} may need {need / 1e9:.1f} GB of "
             f"this computer's memory (its inputs and output, shared with the "
             f"workers, the result and the workers' temporaries"
-            f"{'; with --verify also the reference' if verify else ''}), and "
-            f"{available / 1e9:.1f} GB is available: run a smaller task")
+            f"{'; with --verify also the reference' if verify else ''}), past "
+            f"{HOST_MEMORY_SHARE:.0%} of the {available / 1e9:.1f} GB available: "
+            "run a smaller task")
 
 
 

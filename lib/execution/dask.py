@@ -415,8 +415,9 @@ class DaskBackend:
                 "of this computer's memory (the shards of the workers that run "
                 "here and the result this client merges"
                 f"{', and the reference it verifies with' if verify else ''}"
-                f"), and {available / 1e9:.1f} GB is available: give the task "
-                "workers on other computers, or run a smaller one")
+                f"), past {HOST_MEMORY_SHARE:.0%} of the {available / 1e9:.1f} GB "
+                "available: give the task workers on other computers, or run a "
+                "smaller one")
 
     def _key(self, what: str, decision: Decision, rep: int, pos: Any) -> str:
         return f"gpuhive-{what}-{decision.config_hash[:8] or 'unhashed'}-" \
