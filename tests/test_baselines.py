@@ -6,7 +6,7 @@ import pytest
 
 from lib.contract import TaskSpec
 from lib.costmodel import predict
-from lib.platform.machines import load_machine
+from lib.platform.machines import load_machine, machine_from_json
 from lib.platform.telemetry import busy
 from lib.policies.baselines import (
     BASELINES,
@@ -36,16 +36,36 @@ def test_seven_baselines():
         make_policy("magic")
 
 
+#: A profile whose first card launches blocks of at most 100 threads (the
+#: schema allows 64 to 1024): below the default block of 256.
+SMALL_BLOCKS = {"name": "small-blocks", "devices": [
+    {"catalog": "T4", "max_block": 100}, {"catalog": "L4"}, {"catalog": "A10"}]}
+
+
 @pytest.mark.parametrize("name", SEVEN)
 @pytest.mark.parametrize("machine", ["hetero-4", "uni-server-1gpu",
-                                     "uni-server-2gpu-induced", "local-cpu"])
+                                     "uni-server-2gpu-induced", "local-cpu",
+                                     "small-blocks"])
 def test_every_baseline_is_legal(name, machine):
-    m = load_machine(machine)
+    m = machine_from_json(SMALL_BLOCKS) if machine == "small-blocks" \
+        else load_machine(machine)
     snap = busy(m, [0.5] + [0.0] * (m.n - 1))
     for task in TASKS:
         d = make_policy(name).decide(task, m, snap).with_hash(task)
         v = check_decision(d, task, m, snap)
         assert v.accepted, (name, machine, task.describe(), v.summary())
+
+
+def test_a_block_every_chosen_card_can_launch():
+    """Every baseline and the optimum used the default block of 256 whatever
+    the cards, so on a card of max_block 100 each was refused by Gate 1 (the
+    optimum said no subset of devices could hold the task)."""
+    m = machine_from_json(SMALL_BLOCKS)
+    assert m.block_for([0]) == 64 and m.block_for([1, 2]) == 256
+    assert m.block_for([0, 1, 2]) == 64 and m.block_for([1], preferred=1024) == 1024
+    for name in SEVEN:
+        d = make_policy(name).decide(TASKS[1], m)
+        assert d.block == m.block_for(d.gpus), name
 
 
 def test_oracle_bounds_every_baseline(hetero4):

@@ -63,7 +63,8 @@ def sweep(machine_name: str, backend: str, *, scale: float = 1.0, seed: int = 0,
             first = next(iter(dims))
             dims[first] = max(16, int(dims[first] * scale))
             task = TaskSpec(kind, dims)
-            plans = {"one device": decision_from_weights(task, [0], [1.0])}
+            plans = {"one device": decision_from_weights(
+                task, [0], [1.0], block=machine.block_for([0]))}
             if machine.n > 1:
                 plans["all devices"] = EqualSplit().decide(task, machine)
             for name, decision in plans.items():

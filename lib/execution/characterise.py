@@ -202,7 +202,9 @@ def _plan(machine: Machine, budget: CharacterisationPlan, seed: int) -> list[tup
         for dims in budget.sizes[kind]:
             task = TaskSpec(kind, dict(dims))
             for dev in range(machine.n):
-                dec = decision_from_weights(task, [dev], [1.0]).with_hash(task)
+                dec = decision_from_weights(
+                    task, [dev], [1.0],
+                    block=machine.block_for([dev])).with_hash(task)
                 steps.append((task, dec, "throughput", smallest))
             smallest = False
         if machine.n > 1:
@@ -211,7 +213,8 @@ def _plan(machine: Machine, budget: CharacterisationPlan, seed: int) -> list[tup
                 for pattern in budget.patterns:
                     dec = decision_from_weights(
                         task, list(range(machine.n)),
-                        pattern_weights(pattern, machine.n)).with_hash(task)
+                        pattern_weights(pattern, machine.n),
+                        block=machine.block_for(range(machine.n))).with_hash(task)
                     steps.append((task, dec, f"split-{pattern}", False))
     return steps
 
@@ -545,7 +548,8 @@ def _host_link(machine: Machine, runner: Any, budget: CharacterisationPlan,
     tiny = TaskSpec("elementwise", {"N": 1})
     out: dict[str, Any] = {}
     for dev in range(machine.n):
-        dec = decision_from_weights(tiny, [dev], [1.0]).with_hash(tiny)
+        dec = decision_from_weights(tiny, [dev], [1.0],
+                                    block=machine.block_for([dev])).with_hash(tiny)
         record = _run_record(tiny, dec, [runner.run(tiny, dec)
                                          for _ in range(budget.latency_runs)],
                              "latency")

@@ -36,13 +36,13 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lib.contract import BLOCKS, MAX_DEVICES, MEASURING_BACKENDS
+from lib.contract import BLOCKS, DEFAULT_BLOCK, MAX_DEVICES, MEASURING_BACKENDS
 from lib.platform.hostinfo import host_memory_bytes, last_level_cache
 from lib.platform.nvml_topology import bus_key, link_matrix, start, text
 
@@ -224,6 +224,15 @@ class Machine:
                     d.mem_bytes, d.mem_bw, h.bandwidth, h.latency)
         return len({can(d, h) for d, h in zip(self.devices, self.host_links,
                                               strict=True)}) > 1
+
+    def block_for(self, devices: Sequence[int], preferred: int = DEFAULT_BLOCK
+                  ) -> int:
+        """``preferred`` threads a block, or where one of ``devices`` cannot
+        launch so many (a profile's ``max_block``), the largest block of
+        :data:`~lib.contract.BLOCKS` every one of them can."""
+        limit = min((self.devices[i].max_block for i in devices), default=preferred)
+        return max((b for b in BLOCKS if b <= min(limit, preferred)),
+                   default=BLOCKS[0])
 
     def host_link(self, i: int) -> Link:
         """Device ``i``'s link to the host."""

@@ -62,7 +62,8 @@ class EqualSplit:
     def decide(self, task: TaskSpec, machine: Machine,
                telemetry: Snapshot | None = None) -> Decision:
         devices = usable_devices(machine, telemetry)
-        return decision_from_weights(task, devices, [1.0] * len(devices))
+        return decision_from_weights(task, devices, [1.0] * len(devices),
+                                     block=machine.block_for(devices))
 
 class ProportionalToPeak:
     """Shares proportional to peak FLOP/s (compute-bound) or bandwidth (memory)."""
@@ -76,7 +77,8 @@ class ProportionalToPeak:
             weights = [machine.devices[i].peak_flops(task.dtype) for i in devices]
         else:
             weights = [machine.devices[i].mem_bw for i in devices]
-        return decision_from_weights(task, devices, weights)
+        return decision_from_weights(task, devices, weights,
+                                     block=machine.block_for(devices))
 
 def _peak_weight(task: TaskSpec, machine: Machine, i: int) -> float:
     dev = machine.devices[i]
@@ -93,10 +95,12 @@ class SingleBest:
                telemetry: Snapshot | None = None) -> Decision:
         devices = usable_devices(machine, telemetry)
         params = params_for(machine.name)
-        times = {i: predict(task, decision_from_weights(task, [i], [1.0]), machine,
-                            telemetry, params).total for i in devices}
+        times = {i: predict(task, decision_from_weights(
+                     task, [i], [1.0], block=machine.block_for([i])), machine,
+                     telemetry, params).total for i in devices}
         best = min(devices, key=lambda i: (times[i], i))
-        return decision_from_weights(task, [best], [1.0])
+        return decision_from_weights(task, [best], [1.0],
+                                     block=machine.block_for([best]))
 
 class ProportionalToLive:
     """Proportional to peak throughput times the idle fraction ``1 - u``."""
@@ -110,7 +114,8 @@ class ProportionalToLive:
                 for i in devices]
         weights = [_peak_weight(task, machine, i) * max(f, 0.05)
                    for i, f in zip(devices, idle, strict=True)]
-        return decision_from_weights(task, devices, weights)
+        return decision_from_weights(task, devices, weights,
+                                     block=machine.block_for(devices))
 
 class HeftGreedy:
     """StarPU dmda / HEFT-like greedy earliest finish on the cost model (the
@@ -160,7 +165,8 @@ class HeftGreedy:
             free[best] = best_t
             rows[best] += r
             left -= r
-        return decision_from_weights(task, devices, [rows[i] for i in devices])
+        return decision_from_weights(task, devices, [rows[i] for i in devices],
+                                     block=machine.block_for(devices))
 
 class RandomSplit:
     """A seeded random non-empty subset with Dirichlet(1) shares."""
@@ -176,7 +182,8 @@ class RandomSplit:
         k = int(self.rng.integers(1, len(devices) + 1))
         chosen = sorted(self.rng.choice(devices, size=k, replace=False).tolist())
         return decision_from_weights(task, chosen,
-                                     self.rng.dirichlet(np.ones(k)).tolist())
+                                     self.rng.dirichlet(np.ones(k)).tolist(),
+                                     block=machine.block_for(chosen))
 
 #: The cheap baselines by name. The seventh, the exhaustive optimum, is
 #: :class:`lib.policies.oracle.Oracle`; :data:`lib.policies.registry.POLICIES`

@@ -67,7 +67,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from lib.contract import (
-    DEFAULT_BLOCK,
     PIPELINE_CHUNKS,
     Decision,
     NoFeasibleDecision,
@@ -713,7 +712,8 @@ class _Search:
                                               else "split")
         return Decision(gpus=tuple(gpus), shares=tuple(shares),
                         chunk=chunk if pipelined else self.n,
-                        block=DEFAULT_BLOCK, mode=mode, comm_path=path)
+                        block=self.machine.block_for(gpus), mode=mode,
+                        comm_path=path)
 
 
 def optimum(task: TaskSpec, machine: Machine, telemetry: Snapshot | None = None,
