@@ -284,12 +284,30 @@ class Machine:
 # --------------------------------------------------------------------------
 # Building profiles
 
+def _catalog_near(model: str) -> list[str]:
+    """Catalog names ``model`` may have meant: the same but for case and
+    spacing, else those whose words hold all of its words or are all among
+    them ("H100": both H100s; "NVIDIA Tesla T4": the T4). Never a mere close
+    spelling: an RTX 4080 is not an RTX 4090, nor an L40S an L4."""
+    def squash(name: str) -> str:
+        return "".join(name.lower().split())
+    same = [m for m in GPU_CATALOG if squash(m) == squash(model)]
+    words = set(model.lower().split())
+    near = [m for m in GPU_CATALOG if words and (
+        words <= set(m.lower().split()) or set(m.lower().split()) <= words)]
+    return same or near
+
+
 def catalog_device(index: int, model: str, note: str = "") -> Device:
     """A device from :data:`GPU_CATALOG` (a profile's ``scale`` applies later:
     :func:`_scaled`)."""
     if model not in GPU_CATALOG:
-        raise MachineError(f"unknown GPU model {model!r}; the catalog has "
-                           f"{', '.join(GPU_CATALOG)}")
+        near = _catalog_near(model)
+        hint = f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
+        raise MachineError(f"unknown GPU model {model!r}{hint}. The catalog has "
+                           f"{', '.join(GPU_CATALOG)}; a card it lacks is "
+                           "described by its figures (name, peak_fp32, mem_bytes, "
+                           "mem_bw)")
     fp32, fp64, t16, tbf, mem, bw, _, _ = GPU_CATALOG[model]
     src = note or f"NVIDIA datasheet ({model})"
     fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16", "mem_bytes",
