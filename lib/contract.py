@@ -123,6 +123,9 @@ MAX_BLOCK = 1 << 16
 HASH_HEX_LEN = 64
 
 TASK_FIELDS = ("kind", "dims", "dtype", "divisible_dim", "merge")
+#: The fields a task file written by hand may leave out (``TaskSpec.from_json``
+#: with ``defaults``).
+TASK_DEFAULTED = ("dtype", "divisible_dim", "merge")
 DECISION_FIELDS = (
     "gpus", "shares", "chunk", "block", "mode", "comm_path", "config_hash",
 )
@@ -417,14 +420,24 @@ class TaskSpec:
                 "divisible_dim": self.divisible_dim, "merge": self.merge}
 
     @classmethod
-    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> TaskSpec:
-        """Parse untrusted JSON (text or an already-decoded object), strictly."""
-        obj = _expect_fields(_as_obj(data), "task", TASK_FIELDS)
+    def from_json(cls, data: str | bytes | Mapping[str, Any], *,
+                  defaults: bool = False) -> TaskSpec:
+        """Parse untrusted JSON (text or an already-decoded object), strictly.
+
+        ``defaults``: ``dtype``, ``divisible_dim`` and ``merge`` may be left
+        out and take the constructor's defaults (fp32, the kind's own split),
+        as in a task file written by hand; a task inside a decision file is
+        read whole.
+        """
+        optional = TASK_DEFAULTED if defaults else ()
+        obj = _expect_fields(_as_obj(data), "task", TASK_FIELDS, optional)
         if not isinstance(obj["dims"], Mapping):
             raise ContractError("dims", "expected an object of sizes, got "
                                         f"{_type_name(obj['dims'])}")
-        return cls(kind=obj["kind"], dims=dict(obj["dims"]), dtype=obj["dtype"],
-                   divisible_dim=obj["divisible_dim"], merge=obj["merge"])
+        return cls(kind=obj["kind"], dims=dict(obj["dims"]),
+                   dtype=obj.get("dtype", DEFAULT_DTYPE),
+                   divisible_dim=obj.get("divisible_dim"),
+                   merge=obj.get("merge", ""))
 
     def describe(self) -> str:
         """Short human form: ``matmul[M=8192,N=8192,K=8192] fp32``."""

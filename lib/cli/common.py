@@ -160,9 +160,10 @@ def add_task_options(p: argparse.ArgumentParser, *, required: bool = False) -> N
 def add_task_file(p: argparse.ArgumentParser, *, required: bool = False) -> None:
     """``--task FILE``: the task as JSON (instead of the task options unless
     ``required``)."""
+    what = ("the task as a JSON file ({\"kind\", \"dims\"}; dtype, divisible_dim "
+            "and merge default to fp32 and the kind's own split)")
     p.add_argument("--task", required=required, metavar="TASK.json",
-                   help="the task as a JSON file" if required
-                   else "the task as a JSON file, instead of --kind/--dim")
+                   help=what if required else what + ", instead of --kind/--dim")
 
 
 def add_machine(p: argparse.ArgumentParser, default: str = DEFAULT_MACHINE) -> None:
@@ -517,7 +518,8 @@ def check_calibration(machine_name: str) -> None:
 def task_from_args(args: argparse.Namespace) -> TaskSpec:
     """The task of ``--task FILE``, or of ``--kind``, ``--dim`` and ``--dtype``."""
     if getattr(args, "task", None):
-        return load_file(args.task, "task", TaskSpec.from_json)
+        return load_file(args.task, "task",
+                         lambda data: TaskSpec.from_json(data, defaults=True))
     if not args.kind:
         raise UsageError("give --kind and --dim NAME=VALUE (or --task FILE)")
     return TaskSpec(kind=args.kind, dims=parse_dims(args.dim or []),
