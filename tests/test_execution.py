@@ -19,7 +19,8 @@ from lib.execution import (
     ExecutionError,
     get_backend,
 )
-from lib.execution.cpu import HEAP_KEEP_MAX, heap_keep, reserve
+from lib.execution.cpu import HEAP_KEEP_MAX, heap_keep
+from lib.execution.shm import allocate
 from lib.platform.spawn import bare_main
 from lib.policies.baselines import EqualSplit
 
@@ -257,7 +258,7 @@ def test_a_worker_keeps_its_heap_and_the_output_pages_are_allocated_first(tmp_pa
     path = tmp_path / "out.bin"
     np.memmap(path, dtype=np.float32, mode="w+", shape=(1 << 20,)).flush()
     assert os.stat(path).st_blocks * 512 < (1 << 22)
-    reserve(str(path))
+    allocate(str(path), 1 << 22, "out")
     assert os.stat(path).st_blocks * 512 >= (1 << 22)
 
 

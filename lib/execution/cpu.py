@@ -80,11 +80,11 @@ from lib.execution.base import (
     check_host_memory,
     repeat_timed,
 )
-from lib.execution.shm import reclaim_orphans, shm_root
+from lib.execution.shm import allocate, check_room, reclaim_orphans, shm_root
 from lib.platform.machines import Machine
 from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
-from lib.platform.workloads import split_rows, verify_in_blocks, workload
+from lib.platform.workloads import host_dtype, split_rows, verify_in_blocks, workload
 
 #: Environment each worker starts with: one BLAS thread, so a device is a core.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -121,21 +121,6 @@ def keep_heap(keep: int) -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) and \
         bool(mallopt(_M_TRIM_THRESHOLD, min(int(keep), 2**31 - 1)))
-
-
-def reserve(path: str) -> None:
-    """Allocate the pages of the file at ``path`` now (``posix_fallocate``),
-    so that a worker's first write to them maps a page rather than allocating
-    one; nothing where the platform or file system cannot."""
-    if not hasattr(os, "posix_fallocate"):
-        return
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _open(desc: tuple[str, str, tuple[int, ...]], mode: str) -> np.ndarray:
@@ -412,25 +397,33 @@ class CpuBackend:
         check_devices(decision, self.machine)
         check_host_memory(task, verify, backend="cpu")
         w = workload(task)
+        what = f"cpu backend: {task.describe()}"
+        shared = shm_root()
+        check_room(w.total_work(task).footprint
+                   * host_dtype(task.dtype).itemsize / task.itemsize, what, shared)
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)
         self.start()
-        root = tempfile.mkdtemp(prefix=f"gpuhive-{os.getpid()}-", dir=shm_root())
+        root = tempfile.mkdtemp(prefix=f"gpuhive-{os.getpid()}-", dir=shared)
         ok, err = None, None
         try:
             # each input moves to the memory shared with the workers: this
             # process keeps no copy of its own (the reference reads the same)
             descs = {}
             for name in list(inputs):
-                descs[name] = self._to_shared(root, name, inputs.pop(name))
+                descs[name] = self._to_shared(root, name, inputs.pop(name),
+                                              f"{what}'s input {name}")
             active = [pos for pos, (lo, hi) in enumerate(bounds) if hi > lo]
             if task.merge == "concat":
                 shape = w.output_shape(task, task.split_size)
             else:
                 shape = (len(decision.gpus), *w.output_shape(task, 1))
             out_desc = (str(Path(root) / "out.bin"), w.output_dtype(task).str, shape)
-            out = np.memmap(out_desc[0], dtype=out_desc[1], mode="w+", shape=shape)
-            reserve(out_desc[0])
+            # its pages allocated now: a worker's first write maps a page
+            # rather than allocating one, and cannot find the folder full
+            allocate(out_desc[0], math.prod(shape) * w.output_dtype(task).itemsize,
+                     f"{what}'s output")
+            out = _open(out_desc, "r+")
 
             cpu_runs: list[dict[int, float]] = []
             overhead_runs: list[dict[int, float]] = []
@@ -478,10 +471,11 @@ class CpuBackend:
                       detail={"all_totals": totals})
 
     @staticmethod
-    def _to_shared(root: str, name: str, arr: np.ndarray):
+    def _to_shared(root: str, name: str, arr: np.ndarray, what: str):
         path = str(Path(root) / f"{name}.bin")
         if arr.size:
-            mm = np.memmap(path, dtype=arr.dtype, mode="w+", shape=arr.shape)
+            allocate(path, arr.nbytes, what)
+            mm = np.memmap(path, dtype=arr.dtype, mode="r+", shape=arr.shape)
             mm[...] = arr
             mm.flush()
             del mm

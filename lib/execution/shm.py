@@ -7,21 +7,112 @@ file is named the same way. A run killed with SIGKILL cannot remove its
 folder, so the next backend to start removes the folders of owners that no
 longer exist (:func:`reclaim_orphans`): repeated crashes would otherwise fill
 the machine's memory until reboot.
+
+Shared memory is a file system of its own size, not the computer's memory: a
+container's ``/dev/shm`` is often 64 MB. A process that writes a mapped file
+past what its file system holds is killed with SIGBUS (a notebook's kernel
+dies), so every buffer is allocated whole before anything is written to it
+(:func:`allocate`), and a run first checks that its buffers fit
+(:func:`check_room`); either says, in one line, how to give it room.
+``GPUHIVE_SHM_DIR`` names another folder for the buffers.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from lib.execution.base import ExecutionError
+
+#: The environment variable that names the folder shared buffers go in.
+SHM_DIR_ENV = "GPUHIVE_SHM_DIR"
+#: What a refusal for want of shared memory suggests.
+ROOM_HINT = (f"a container's /dev/shm is often 64 MB: start it with a larger "
+             f"--shm-size, or set {SHM_DIR_ENV} to a folder with room, such as /tmp")
+
+
+class SharedMemoryError(ExecutionError):
+    """The folder of shared buffers has no room for a run's buffers."""
+
 
 def shm_root() -> str:
-    """Where shared buffers live: ``/dev/shm`` where writable, else the temp dir."""
+    """Where shared buffers live: ``$GPUHIVE_SHM_DIR`` where set, else
+    ``/dev/shm`` where writable, else the temp dir.
+
+    Raises:
+        SharedMemoryError: ``GPUHIVE_SHM_DIR`` is not a writable folder.
+    """
+    chosen = os.environ.get(SHM_DIR_ENV)
+    if chosen:
+        if not (os.path.isdir(chosen) and os.access(chosen, os.W_OK)):
+            raise SharedMemoryError(f"{SHM_DIR_ENV}={chosen}: not a writable folder")
+        return chosen
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
         else tempfile.gettempdir()
+
+
+def free_bytes(root: str) -> int | None:
+    """Bytes free to this user in the file system of ``root`` (None where the
+    OS does not say)."""
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_room(nbytes: float, what: str, root: str | None = None) -> None:
+    """Refuse, before anything is written, buffers of ``nbytes`` that the
+    folder of shared buffers cannot hold.
+
+    Raises:
+        SharedMemoryError: one line naming ``what``, both figures and the way
+            to give it room.
+    """
+    root = root or shm_root()
+    free = free_bytes(root)
+    if free is not None and nbytes > free:
+        raise SharedMemoryError(
+            f"{what} needs {_mb(nbytes)} of shared memory in {root}, and "
+            f"{_mb(free)} is free there ({ROOM_HINT})")
+
+
+def allocate(path: str, nbytes: int, what: str) -> None:
+    """Make the file at ``path`` ``nbytes`` long with every page allocated
+    now (``posix_fallocate``), so that writing to its mapping cannot run out
+    of room later and kill the writer with SIGBUS.
+
+    Raises:
+        SharedMemoryError: the file system has no room for it (the file is
+            removed).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        if nbytes and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise  # a file system that cannot allocate ahead keeps its size
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise SharedMemoryError(
+                f"{what} needs {_mb(nbytes)} of shared memory in "
+                f"{os.path.dirname(path)}, which has no room for it "
+                f"({ROOM_HINT})") from None
+        raise
+    os.close(fd)
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.0f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:,.1f} kB"
 
 
 #: Names of what a run leaves in :func:`shm_root` while it lives: the run's
