@@ -1,43 +1,51 @@
-"""Shared memory is a file system of its own size: a run whose buffers do not
-fit in it is refused in one line, never killed by SIGBUS.
+"""Shared memory is a file system of its own size: a run's buffers go where
+they fit, and a run whose buffers fit nowhere is refused in one line, never
+killed by SIGBUS.
 
 A container's ``/dev/shm`` is often 64 MB. Writing a mapped file past what
 tmpfs holds kills the writer with SIGBUS: ``gpuhive run`` of a 240 MB task
 ended with "Bus error" (exit 135), and a notebook's kernel would die the same
-way.
+way (``make book`` in such a container, at its chapter M3).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from lib.contract import TaskSpec, decision_from_weights
 from lib.execution import shm
 from lib.execution.cpu import CpuBackend
-from lib.execution.shm import SharedMemoryError, allocate, check_room
+from lib.execution.shm import SharedMemoryError, allocate, place
 from lib.platform.machines import load_machine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"),
                                 reason="the cpu backend pins workers (Linux only)")
 
 
-def test_buffers_larger_than_the_folder_are_refused_before_anything_is_written(
+def test_buffers_go_where_they_fit_and_nowhere_is_refused_before_writing(
         tmp_path, monkeypatch):
+    free = {"/dev/shm": 64_000_000, tempfile.gettempdir(): 10_000_000_000}
+    monkeypatch.setattr(shm, "free_bytes", lambda root: free.get(root))
+    if shm.shm_roots()[0] == "/dev/shm":
+        assert place(63_000_000, "small") == "/dev/shm"
+    assert place(240_000_000, "large") == tempfile.gettempdir()
+    # a folder of the user's choice is the only one
     monkeypatch.setenv(shm.SHM_DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(shm, "free_bytes", lambda root: 64_000_000)
-    check_room(63_000_000, "small")                          # fits: no error
+    free[str(tmp_path)] = 64_000_000
+    assert shm.shm_roots() == [str(tmp_path)]
     with pytest.raises(SharedMemoryError) as err:
-        check_room(240_000_000, "cpu backend: elementwise[N=20000000] fp32")
+        place(240_000_000, "cpu backend: elementwise[N=20000000] fp32")
     text = str(err.value)
-    assert "240 MB of shared memory in " + str(tmp_path) in text
-    assert "64 MB is free" in text and "GPUHIVE_SHM_DIR" in text
-    assert "\n" not in text
+    assert "needs 240 MB of shared memory, and 64 MB in " + str(tmp_path) in text
+    assert "GPUHIVE_SHM_DIR" in text and "\n" not in text
     # the backend asks before it makes the inputs or starts a worker
     machine = load_machine("local-cpu")
     task = TaskSpec("elementwise", {"N": 20_000_000})
@@ -73,32 +81,43 @@ def test_a_folder_that_fills_up_while_allocating_is_an_error_not_a_crash(
     assert (tmp_path / "z.bin").stat().st_size == 4096
 
 
-def test_the_folder_can_be_chosen_and_a_wrong_one_is_named(tmp_path, monkeypatch):
-    monkeypatch.setenv(shm.SHM_DIR_ENV, str(tmp_path))
-    assert shm.shm_root() == str(tmp_path)
+def test_a_wrong_folder_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv(shm.SHM_DIR_ENV, str(tmp_path / "missing"))
     with pytest.raises(SharedMemoryError, match="missing: not a writable folder"):
         shm.shm_root()
 
 
-#: Run in a mount namespace of its own whose /dev/shm holds 16 MB.
+#: In a mount namespace of its own, /dev/shm of 16 MB (and, with an
+#: argument, /tmp of 16 MB too), then a run of a task of 48 MB.
 SMALL_SHM = """
 set -e
 mount -t tmpfs -o size=16m tmpfs /dev/shm
+if [ -n "$1" ]; then mount -t tmpfs -o size=16m tmpfs /tmp; fi
 exec "$0" -m lib run --kind elementwise --dim N=4000000 --machine local-cpu \\
-    --backend cpu
+    --backend cpu --verify
 """
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare here")
-def test_a_run_in_a_small_dev_shm_says_so_and_exits():
-    """The real thing: /dev/shm of 16 MB, a task of 48 MB."""
+@pytest.mark.parametrize("tmp_too", [False, True])
+def test_a_run_in_a_small_dev_shm(tmp_too, tmp_path):
+    """The real thing: /dev/shm of 16 MB and a task of 48 MB runs with its
+    buffers in /tmp, saying so; with /tmp as small, it is refused in one
+    line, not ended by SIGBUS (exit 135)."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("cannot make a mount namespace here (needs privileges)")
-    p = subprocess.run(["unshare", "-m", "sh", "-c", SMALL_SHM, sys.executable],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "GPUHIVE_SHM_DIR": ""})
-    assert p.returncode == 1, (p.returncode, p.stderr)    # not 135: SIGBUS
-    assert "needs 48 MB of shared memory in /dev/shm" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1
+    env = {**os.environ, "GPUHIVE_SHM_DIR": "",
+           "GPUHIVE_HOME": "/tmp/gpuhive-home" if tmp_too else str(tmp_path)}
+    p = subprocess.run(["unshare", "-m", "sh", "-c", SMALL_SHM, sys.executable,
+                        "1" if tmp_too else ""],
+                       capture_output=True, text=True, timeout=120, env=env)
+    if tmp_too:
+        assert p.returncode == 1, (p.returncode, p.stderr)
+        assert re.search(r"needs 48 MB of shared memory, and 1[67] MB in /dev/shm "
+                         r"and 1[67] MB in /tmp is free", p.stderr), p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    else:
+        assert p.returncode == 0, (p.returncode, p.stderr)
+        assert "its buffers lay in /tmp: /dev/shm had no room" in p.stdout
+        assert "verified true" in p.stdout

@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if m.repeats > 1:
         how.append(f"median of {m.repeats}")
     lines.append(f"total {fmt_seconds(m.total_seconds)} {tag} ({', '.join(how)})")
+    lines += [f"note      {note}" for note in result.detail.get("notes", ())]
     if m.verified is not None:
         lines.append(f"verified {str(m.verified).lower()} (max abs error "
                      f"{m.max_abs_error:.3g})")

@@ -80,7 +80,7 @@ from lib.execution.base import (
     check_host_memory,
     repeat_timed,
 )
-from lib.execution.shm import allocate, check_room, reclaim_orphans, shm_root
+from lib.execution.shm import allocate, place, reclaim_orphans, shm_root
 from lib.platform.machines import Machine
 from lib.platform.spawn import bare_main
 from lib.platform.user_kinds import adopt_kind, kind_payload
@@ -398,9 +398,8 @@ class CpuBackend:
         check_host_memory(task, verify, backend="cpu")
         w = workload(task)
         what = f"cpu backend: {task.describe()}"
-        shared = shm_root()
-        check_room(w.total_work(task).footprint
-                   * host_dtype(task.dtype).itemsize / task.itemsize, what, shared)
+        shared = place(w.total_work(task).footprint
+                       * host_dtype(task.dtype).itemsize / task.itemsize, what)
         inputs = w.make_inputs(task, self.seed)
         bounds = split_rows(task.split_size, decision.shares)
         self.start()
@@ -468,7 +467,10 @@ class CpuBackend:
                 g: statistics.median(o[g] for o in timed_overhead)
                 for g in per_dev})
         return Result(output=result, metrics=metrics, task=task, decision=decision,
-                      detail={"all_totals": totals})
+                      detail={"all_totals": totals, "buffers": shared,
+                              "notes": [] if shared == shm_root() else [
+                                  f"its buffers lay in {shared}: {shm_root()} had "
+                                  "no room for them"]})
 
     @staticmethod
     def _to_shared(root: str, name: str, arr: np.ndarray, what: str):

@@ -11,10 +11,11 @@ the machine's memory until reboot.
 Shared memory is a file system of its own size, not the computer's memory: a
 container's ``/dev/shm`` is often 64 MB. A process that writes a mapped file
 past what its file system holds is killed with SIGBUS (a notebook's kernel
-dies), so every buffer is allocated whole before anything is written to it
-(:func:`allocate`), and a run first checks that its buffers fit
-(:func:`check_room`); either says, in one line, how to give it room.
-``GPUHIVE_SHM_DIR`` names another folder for the buffers.
+dies), so a run first finds a folder its buffers fit in (:func:`place`:
+``/dev/shm``, else the temp dir), and every buffer is allocated whole before
+anything is written to it (:func:`allocate`); where neither has room, either
+says so in one line, with how to give it room. ``GPUHIVE_SHM_DIR`` names the
+folder for the buffers.
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ from lib.execution.base import ExecutionError
 SHM_DIR_ENV = "GPUHIVE_SHM_DIR"
 #: What a refusal for want of shared memory suggests.
 ROOM_HINT = (f"a container's /dev/shm is often 64 MB: start it with a larger "
-             f"--shm-size, or set {SHM_DIR_ENV} to a folder with room, such as /tmp")
+             f"--shm-size, or set {SHM_DIR_ENV} to a folder with room")
 
 
 class SharedMemoryError(ExecutionError):
     """The folder of shared buffers has no room for a run's buffers."""
 
 
-def shm_root() -> str:
-    """Where shared buffers live: ``$GPUHIVE_SHM_DIR`` where set, else
-    ``/dev/shm`` where writable, else the temp dir.
+def shm_roots() -> list[str]:
+    """The folders shared buffers may go in, the first preferred:
+    ``$GPUHIVE_SHM_DIR`` alone where set, else ``/dev/shm`` (where writable)
+    and then the temp dir, a file system on disk whose page cache serves the
+    same mappings where ``/dev/shm`` has no room.
 
     Raises:
         SharedMemoryError: ``GPUHIVE_SHM_DIR`` is not a writable folder.
@@ -50,9 +53,34 @@ def shm_root() -> str:
     if chosen:
         if not (os.path.isdir(chosen) and os.access(chosen, os.W_OK)):
             raise SharedMemoryError(f"{SHM_DIR_ENV}={chosen}: not a writable folder")
-        return chosen
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
-        else tempfile.gettempdir()
+        return [chosen]
+    out = ["/dev/shm"] if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else []
+    return out + [tempfile.gettempdir()]
+
+
+def shm_root() -> str:
+    """The preferred folder of shared buffers (:func:`shm_roots`)."""
+    return shm_roots()[0]
+
+
+def place(nbytes: float, what: str) -> str:
+    """The first folder of :func:`shm_roots` with room for ``nbytes`` of
+    buffers (one whose room the OS does not say counts as having it), chosen
+    before anything is written.
+
+    Raises:
+        SharedMemoryError: none has room; one line naming ``what``, each
+            folder's free bytes and the way to give it room.
+    """
+    roots = shm_roots()
+    free = {root: free_bytes(root) for root in roots}
+    for root in roots:
+        if free[root] is None or nbytes <= free[root]:
+            return root
+    where = " and ".join(f"{_mb(free[r])} in {r}" for r in roots)
+    raise SharedMemoryError(f"{what} needs {_mb(nbytes)} of shared memory, and "
+                            f"{where} is free ({ROOM_HINT})")
 
 
 def free_bytes(root: str) -> int | None:
@@ -63,22 +91,6 @@ def free_bytes(root: str) -> int | None:
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
-
-
-def check_room(nbytes: float, what: str, root: str | None = None) -> None:
-    """Refuse, before anything is written, buffers of ``nbytes`` that the
-    folder of shared buffers cannot hold.
-
-    Raises:
-        SharedMemoryError: one line naming ``what``, both figures and the way
-            to give it room.
-    """
-    root = root or shm_root()
-    free = free_bytes(root)
-    if free is not None and nbytes > free:
-        raise SharedMemoryError(
-            f"{what} needs {_mb(nbytes)} of shared memory in {root}, and "
-            f"{_mb(free)} is free there ({ROOM_HINT})")
 
 
 def allocate(path: str, nbytes: int, what: str) -> None:
@@ -138,12 +150,13 @@ def _alive(pid: int) -> bool:
 def reclaim_orphans(root: str | None = None) -> list[str]:
     """Remove the run folders and files whose owning process is gone (a run
     killed with SIGKILL cannot clean up after itself); return their paths."""
-    base = Path(root or shm_root())
     removed = []
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return removed
+    entries = []
+    for base in ([root] if root else shm_roots()):
+        try:
+            entries += list(Path(base).iterdir())
+        except OSError:
+            continue
     for path in entries:
         m = _OWNED.match(path.name)
         if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):

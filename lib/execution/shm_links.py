@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.execution.shm import check_room, shm_root
+from lib.execution.shm import place
 from lib.platform.machines import Machine
 
 
@@ -35,8 +35,7 @@ def shm_copy_seconds(nbytes: int, write_core: int, read_core: int,
     saved = os.sched_getaffinity(0)
     src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
     writes, reads = [], []
-    root = shm_root()
-    check_room(nbytes, "the characterisation's shared-memory copy", root)
+    root = place(nbytes, "the characterisation's shared-memory copy")
     path = Path(root) / f"gpuhive-copy-{os.getpid()}.bin"
     try:
         for _ in range(repeats):
