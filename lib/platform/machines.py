@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.contract import BLOCKS, DEFAULT_BLOCK, MAX_DEVICES, MEASURING_BACKENDS
-from lib.platform.hostinfo import host_memory_bytes, last_level_cache
+from lib.platform.hostinfo import cpu_quota, host_memory_bytes, last_level_cache
 from lib.platform.nvml_topology import bus_key, link_matrix, start, text
 
 GB = 1e9
@@ -614,11 +614,17 @@ def local_cpu_machine(n: int | None = None) -> Machine:
 
     Args:
         n: number of core-devices; default the cores this process may use, at
-            most 8.
+            most 8: those it may run on, and no more than its control group's
+            CPU quota gives whole (a container of two CPUs' time on a host of
+            64 cores has two).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else (os.cpu_count() or 1)
-    n = max(1, min(n or cores, 8))
+    quota = cpu_quota()
+    usable = cores if quota is None else max(1, min(cores, math.floor(quota)))
+    n = max(1, min(n or usable, 8))
+    limited = (f" (a CPU quota of {quota:g} of the {cores} cores it may run on, "
+               "set by its control group)" if usable < cores else "")
     mem_total, (cache, cache_note) = host_memory_bytes(), last_level_cache()
     note = "estimate: 2.5 GHz x 16 fp32 FLOP/cycle (one AVX2 FMA unit)"
     fields = ("peak_fp32", "peak_fp64", "tensor_fp16", "tensor_bf16",
@@ -641,8 +647,8 @@ def local_cpu_machine(n: int | None = None) -> Machine:
              for i in range(n) for j in range(i + 1, n)}
     return Machine(
         name="local-cpu",
-        description=f"This computer's CPU cores as {n} devices, each a real worker "
-                    "process; the cpu backend measures them.",
+        description=f"This computer's CPU cores as {n} devices{limited}, each a "
+                    "real worker process; the cpu backend measures them.",
         devices=devices, host_links=(shm,) * n, peers=peers, host_mem_bw=10 * GB,
         simulated=False, induced=False, nccl=False, real_backends=("cpu",),
     )
