@@ -50,6 +50,7 @@ measurement from plan to record stays in this file.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -150,6 +151,13 @@ def _more_calls(first: Any, budget: CharacterisationPlan) -> int:
     if spent <= 0.0 or spent >= budget.min_timed_s:
         return 0
     return min(budget.max_calls, math.ceil(budget.min_timed_s / spent)) - 1
+
+
+def _without_output(result: Any) -> Any:
+    """``result`` without its output array: a run record needs its timings
+    only, and every run's output kept to the end of a characterisation took
+    the notebook's kernel past 2.5 GB at the quick budget (MEASURED)."""
+    return dataclasses.replace(result, output=None)
 
 
 def _run_record(task: TaskSpec, decision: Decision, results: Sequence[Any],
@@ -322,10 +330,10 @@ def _measure(machine: Machine, backend: str, runner: Any, budget: Characterisati
                                     refresh=False)
                 first = _undisturbed_run(runner, task, dec, verify and p == 0,
                                          disturbed, is_cpu, retry)
-                results[i].append(first)
+                results[i].append(_without_output(first))
                 for _ in range(_more_calls(first, budget)):
-                    results[i].append(_undisturbed_run(runner, task, dec, False,
-                                                       disturbed, is_cpu, retry))
+                    results[i].append(_without_output(_undisturbed_run(
+                        runner, task, dec, False, disturbed, is_cpu, retry)))
                 bar.update()
         runs = [_run_record(task, dec, results[i], purpose)
                 for i, (task, dec, purpose, _) in enumerate(plan)]
