@@ -222,6 +222,24 @@ def test_doctor_reports_backends():
     assert out["backends"]["dask"]["real"] is True   # a dependency of the project
     # what the runtime would read before a decision on the cpu backend, now
     assert out["telemetry"]["cpu"].startswith("MEASURED local-cpu: capacity ")
+    # what a run may use here: memory, CPUs, the folders of shared buffers
+    assert "GB available, of which a run plans on 90%" in out["limits"]["memory"]
+    assert "core(s) this process may run on" in out["limits"]["cpus"]
+    assert "GB free" in out["limits"]["shm"]
+
+
+def test_doctor_names_a_containers_limits(monkeypatch):
+    """In a container the control group's limits are the ones that bind."""
+    from lib.cli import doctor
+    from lib.execution import shm
+    from lib.platform import hostinfo
+    monkeypatch.setattr(hostinfo, "cgroup_memory_limit", lambda: 2e9)
+    monkeypatch.setattr(hostinfo, "cpu_quota", lambda: 1.5)
+    monkeypatch.setattr(shm, "free_bytes", lambda root: 64e6)
+    limits = doctor._limits()
+    assert "a control group's limit of 2.0 GB" in limits["memory"]
+    assert "a control group's quota of 1.5 CPUs" in limits["cpus"]
+    assert "(0.06 GB free)" in limits["shm"]
 
 
 def test_doctor_checks_a_profile_of_ones_own(tmp_path):

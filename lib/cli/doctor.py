@@ -88,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
     lines.append("telemetry (what run reads before it decides, on the cpu and "
                  "cuda backends):")
     lines += [f"  {name:<6} {text}" for name, text in telemetry.items()]
+    limits = _limits()
+    lines.append("limits (what a run here may use):")
+    lines += [f"  {name:<6} {text}" for name, text in limits.items()]
     emit(args, {"machines": machines, "backends": backends, "missing": missing,
-                "telemetry": telemetry,
+                "telemetry": telemetry, "limits": limits,
                 "cuda_reasons": list(cuda.reasons), "nvml": nvml_reason or "ok"},
          "\n".join(lines))
     return 0
@@ -112,3 +115,39 @@ def _telemetry(gpus: bool) -> dict[str, str]:
         except (TelemetryError, MachineError) as exc:
             out[backend] = f"unavailable: {exc}"
     return out
+
+
+def _limits() -> dict[str, str]:
+    """This process's memory, CPUs and shared memory, one line each: in a
+    container its control group's limits, where they are tighter than the
+    computer's."""
+    from lib.execution.base import HOST_MEMORY_SHARE
+    from lib.execution.shm import SharedMemoryError, free_bytes, shm_roots
+    from lib.platform.hostinfo import (
+        available_memory_bytes,
+        cgroup_memory_limit,
+        cpu_quota,
+    )
+
+    gb = 1e9
+    available, limit = available_memory_bytes(), cgroup_memory_limit()
+    memory = ("not said by the OS" if available is None else
+              f"{available / gb:.1f} GB available, of which a run plans on "
+              f"{HOST_MEMORY_SHARE:.0%}")
+    if limit is not None:
+        memory += f" (a control group's limit of {limit / gb:.1f} GB)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count()
+    quota = cpu_quota()
+    cpus = f"{cores} core(s) this process may run on" + (
+        "" if quota is None else f", a control group's quota of {quota:g} CPUs")
+    try:
+        roots = shm_roots()
+        free = {root: free_bytes(root) for root in roots}
+        shared = ", then ".join(
+            f"{root} ({'room not said' if n is None else f'{n / gb:.2f} GB free'})"
+            for root, n in free.items())
+    except SharedMemoryError as exc:
+        shared = str(exc)
+    return {"memory": memory, "cpus": cpus, "shm": f"the cpu backend's buffers in "
+                                                   f"{shared}"}
