@@ -430,6 +430,8 @@ MALFORMED = [
     (TASK, ""),
     (TASK, "{"),
     (TASK, '{"gpus": [0,]}'),
+    (TASK, '{"gpus": [0] , \n }'),
+    (TASK, '[1, 2 ,\t]'),
     (TASK, DEC.replace('"mode"', '"mo\\u0064e"')),      # escapes decode
     (TASK, DEC.replace('"split"', '"spl\\u0069t"')),
     (TASK, DEC.replace('"split"', '"split\\ud800"')),
@@ -469,6 +471,22 @@ MALFORMED = [
 ]
 
 
+#: The C++ reader words a trailing comma as Python 3.13's json does; older
+#: Pythons say what they expected after it.
+BEFORE_3_13 = {
+    "not valid JSON: Illegal trailing comma before end of array":
+        "not valid JSON: Expecting value",
+    "not valid JSON: Illegal trailing comma before end of object":
+        "not valid JSON: Expecting property name enclosed in double quotes",
+}
+
+
+def _as_this_python(message: str) -> str:
+    """A C++ syntax message as the Python running the tests words it."""
+    return BEFORE_3_13.get(message, message) if sys.version_info < (3, 13) \
+        else message
+
+
 def test_malformed_input_is_refused_naming_the_field_python_names(driver):
     """The C++ reader accepts what Python accepts (with the same hash) and
     refuses what it refuses, naming the same field with the same message
@@ -487,7 +505,8 @@ def test_malformed_input_is_refused_naming_the_field_python_names(driver):
         refused += 1
         assert line[1] == want[1], (t, d, line, want)
         if " at line " in want[2]:  # JSON syntax: Python's own positions follow
-            assert line[2].split(" at line ")[0] == want[2].split(" at line ")[0]
+            assert _as_this_python(line[2].split(" at line ")[0]) == \
+                want[2].split(" at line ")[0]
             continue
         if "codec can't decode" in want[2]:
             assert line[2].startswith("not valid UTF-8")

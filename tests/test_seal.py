@@ -397,7 +397,8 @@ def _writer(key: str, path: str, tag: bytes, rounds: int, barrier, queue) -> Non
 
 
 def test_concurrent_writes_leave_one_valid_entry(tmp_path):
-    ctx = multiprocessing.get_context("fork")
+    # spawned: forking a process that runs threads is deprecated (Python 3.12+)
+    ctx = multiprocessing.get_context("spawn")
     key, path = tmp_path / "keys" / "seal.key", tmp_path / "cache" / "a.sealed"
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     rounds = 15

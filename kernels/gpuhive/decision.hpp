@@ -678,8 +678,20 @@ private:
             skip_ws();
             if (pos_ < s_.size() && s_[pos_] == ']') { ++pos_; return v; }
             if (pos_ >= s_.size() || s_[pos_] != ',') fail("Expecting ',' delimiter", pos_);
-            ++pos_;
+            trailing_comma(']', "Illegal trailing comma before end of array");
         }
+    }
+
+    // After a ',' (pos_ on it): a closing bracket next is Python 3.13's
+    // "Illegal trailing comma" at the comma (older Pythons say "Expecting
+    // value" or "Expecting property name ..." after it).
+    void trailing_comma(char close, const char* message) {
+        std::size_t comma = pos_++;
+        std::size_t p = pos_;
+        while (p < s_.size() && (s_[p] == ' ' || s_[p] == '\t' || s_[p] == '\n' ||
+                                 s_[p] == '\r'))
+            ++p;
+        if (p < s_.size() && s_[p] == close) fail(message, comma);
     }
 
     Json object(int depth) {
@@ -702,7 +714,7 @@ private:
             skip_ws();
             if (pos_ < s_.size() && s_[pos_] == '}') { ++pos_; break; }
             if (pos_ >= s_.size() || s_[pos_] != ',') fail("Expecting ',' delimiter", pos_);
-            ++pos_;
+            trailing_comma('}', "Illegal trailing comma before end of object");
         }
         // Like object_pairs_hook: duplicates are found once the object is read.
         for (std::size_t i = 0; i < v.keys.size(); ++i)
