@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
         load_machine("nvml")
     except MachineError as exc:
         nvml_reason = str(exc)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count()
+    cores = load_machine("local-cpu").n  # the cores a CPU quota gives whole
     has_dask = all(importlib.util.find_spec(m) is not None
                    for m in ("dask", "distributed"))
     backends = {
