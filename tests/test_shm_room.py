@@ -87,12 +87,13 @@ def test_a_wrong_folder_is_named(tmp_path, monkeypatch):
         shm.shm_root()
 
 
-#: In a mount namespace of its own, /dev/shm of 16 MB (and, with an
-#: argument, /tmp of 16 MB too), then a run of a task of 48 MB.
+#: In a mount namespace of its own, /dev/shm of 16 MB and, with an
+#: argument, a 16 MB tmpfs at that folder (the run's TMPDIR), then a run of a
+#: task of 48 MB.
 SMALL_SHM = """
 set -e
 mount -t tmpfs -o size=16m tmpfs /dev/shm
-if [ -n "$1" ]; then mount -t tmpfs -o size=16m tmpfs /tmp; fi
+if [ -n "$1" ]; then mount -t tmpfs -o size=16m tmpfs "$1"; fi
 exec "$0" -m lib run --kind elementwise --dim N=4000000 --machine local-cpu \\
     --backend cpu --verify
 """
@@ -102,22 +103,25 @@ exec "$0" -m lib run --kind elementwise --dim N=4000000 --machine local-cpu \\
 @pytest.mark.parametrize("tmp_too", [False, True])
 def test_a_run_in_a_small_dev_shm(tmp_too, tmp_path):
     """The real thing: /dev/shm of 16 MB and a task of 48 MB runs with its
-    buffers in /tmp, saying so; with /tmp as small, it is refused in one
-    line, not ended by SIGBUS (exit 135)."""
+    buffers in the temp folder, saying so; with the temp folder as small, it
+    is refused in one line, not ended by SIGBUS (exit 135)."""
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("cannot make a mount namespace here (needs privileges)")
-    env = {**os.environ, "GPUHIVE_SHM_DIR": "",
-           "GPUHIVE_HOME": "/tmp/gpuhive-home" if tmp_too else str(tmp_path)}
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "GPUHIVE_SHM_DIR": "", "TMPDIR": str(temp),
+           "GPUHIVE_HOME": str(tmp_path / "home")}
     p = subprocess.run(["unshare", "-m", "sh", "-c", SMALL_SHM, sys.executable,
-                        "1" if tmp_too else ""],
+                        str(temp) if tmp_too else ""],
                        capture_output=True, text=True, timeout=120, env=env)
     if tmp_too:
         assert p.returncode == 1, (p.returncode, p.stderr)
         assert re.search(r"needs 48 MB of shared memory, and 1[67] MB in /dev/shm "
-                         r"and 1[67] MB in /tmp is free", p.stderr), p.stderr
+                         rf"and 1[67] MB in {re.escape(str(temp))} is free",
+                         p.stderr), p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
     else:
         assert p.returncode == 0, (p.returncode, p.stderr)
-        assert "its buffers lay in /tmp: /dev/shm had no room" in p.stdout
+        assert f"its buffers lay in {temp}: /dev/shm had no room" in p.stdout
         assert "verified true" in p.stdout
