@@ -43,7 +43,7 @@ from lib.costmodel.contention import (
     contention_level,
     effective_snapshot,
 )
-from lib.costmodel.history import History, record_run
+from lib.costmodel.history import History, HistoryError, record_run
 from lib.costmodel.overhead import level_of, overhead_snapshot
 from lib.costmodel.parameters import params_for
 from lib.costmodel.speed import equal_shard_seconds, speed_snapshot
@@ -234,12 +234,22 @@ class Agent:
 
     def notes(self) -> list[str]:
         """Where this machine lies outside what the policy was trained on
-        (more devices, card models it never met), and whether the agent
-        decides without the telemetry it looked for, one line each; empty
-        otherwise, or for a policy that does not say."""
+        (more devices, card models it never met), whether the agent decides
+        without the telemetry it looked for, and what of the machine's
+        history was learned on devices it no longer has, one line each;
+        empty otherwise, or for a policy that does not say."""
         notes = getattr(self.policy, "notes", None)
         out = list(notes(self.machine)) if callable(notes) else []
-        return out + ([self._telemetry_note] if self._telemetry_note else [])
+        out += [self._telemetry_note] if self._telemetry_note else []
+        try:
+            stale = History.peek(self.machine.name).stale(self.machine)
+        except HistoryError:
+            stale = {}  # a malformed history is refused where it is used
+        if stale:
+            out.append(f"history of {self.machine.name}: not used for "
+                       f"{'; '.join(stale.values())}; a MEASURED run on the "
+                       "machine forgets it")
+        return out
 
     def validate(self, task: TaskSpec, decision: Any,
                  telemetry: Snapshot | None = None) -> Verdict:
@@ -319,7 +329,7 @@ class Agent:
         snap = self.telemetry if telemetry is None else telemetry
         if snap is None or snap.capacity is None:
             return snap
-        history = History.peek(self.machine.name)
+        history = History.peek(self.machine.name).fitting(self.machine)
         params = params_for(self.machine.name)
         lengths = equal_shard_seconds(task, self.machine, params,
                                       [i for i, ok in enumerate(snap.healthy) if ok])

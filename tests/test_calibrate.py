@@ -933,3 +933,30 @@ def test_a_parameter_the_runs_do_not_determine_is_not_given_a_huge_figure():
                      {"corun[cpu]": 0.83, "fixed_s[cpu,reduce]": 949.05,
                       "compute_eff[cpu,matmul]": 0.1})
     assert note.endswith("corun[cpu] (+-83 %), fixed_s[cpu,reduce] (+->1000 %)")
+
+
+def test_a_profile_path_calibrates_under_the_name_inside_it(tmp_path, monkeypatch):
+    """``--machine lab/rig.json`` holding ``"name": "my-rig"``: every run
+    records under ``my-rig``, so its characterisation is read, and its
+    calibration saved, under that name (they were looked for under the
+    path, which nothing writes, and saved where no run would read them)."""
+    from lib.platform.machines import load_machine
+
+    monkeypatch.setenv("GPUHIVE_HOME", str(tmp_path / "home"))
+    profile = tmp_path / "lab" / "rig.json"
+    profile.parent.mkdir()
+    profile.write_text(json.dumps({
+        "name": "my-rig", "simulated": False, "real_backends": ["cuda"],
+        "devices": [{"catalog": "A100 40GB PCIe"}, {"catalog": "T4"}]}))
+    with pytest.raises(CalibrationError, match=(
+            r"no characterisation of my-rig at .*my-rig\.json; run: gpuhive "
+            rf"characterise --machine {profile}")):
+        calibrate_machine(str(profile))
+    rig = load_machine(str(profile))
+    runs = tmp_path / "home" / "characterisation" / "my-rig.json"
+    runs.parent.mkdir(parents=True)
+    runs.write_text(json.dumps({"machine": "my-rig",
+                                "runs": synthetic_runs(rig, truth_params())}))
+    calibrate_machine(str(profile), folds=0)
+    assert load_params("my-rig") is not None
+    assert not calibration_path(str(profile)).exists()

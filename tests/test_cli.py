@@ -431,7 +431,9 @@ def test_building_the_parser_leaves_training_unloaded():
 @pytest.mark.parametrize("args, needle", [
     (["explain", "--kind", "reduce", "--dim", "N=8", "--policy", "bogus"],
      "unknown policy 'bogus'"),
-    (["calibrate", "--machine", "../x"], "cannot name a file"),
+    (["calibrate", "--machine", ".."], "cannot name a file"),
+    # a name with a slash is a profile's path, as on every command
+    (["calibrate", "--machine", "../x"], "profile ../x: cannot read it"),
 ])
 def test_unknown_policy_and_unnamable_machine_are_bad_input(args, needle):
     p = gpuhive(*args)

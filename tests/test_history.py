@@ -38,7 +38,7 @@ from lib.costmodel.overhead import (
 )
 from lib.costmodel.speed import shard_compute_seconds
 from lib.execution.base import ExecutionMetrics, Result
-from lib.platform.machines import load_machine
+from lib.platform.machines import load_machine, machine_from_json, machine_name
 from lib.platform.telemetry import Snapshot, busy
 from lib.platform.workloads import workload
 
@@ -715,3 +715,119 @@ def test_recording_a_run_refuses_a_malformed_history_and_leaves_it(home):
     path.unlink()
     with pytest.raises(HistoryError, match="teaches nothing"):
         record_run(*_run({0: 0.25}, measured=False), None, machine, default_params())
+
+
+# --------------------------------------------------------------------------
+# The devices the figures were learned on
+
+def _box(second: str = "T4", name: str = "my-box") -> dict:
+    return {"name": name, "description": "a profile of one's own",
+            "devices": [{"catalog": "H100 SXM"}, {"catalog": second}]}
+
+
+def _two_device_run(machine) -> tuple:
+    task, dec, result = _run({0: 0.01, 1: 0.02}, devices=(0, 1), weights=(0.5, 0.5))
+    return task, dec, result, None, machine, default_params()
+
+
+def test_what_was_learned_of_a_replaced_card_is_not_used_and_then_forgotten():
+    """A profile edited under its name to swap the T4 for an A100: the T4's
+    figures are not applied to the A100, and the next run forgets them; the
+    H100 at index 0 keeps what it learned."""
+    t4 = machine_from_json(_box("T4"))
+    a100 = machine_from_json(_box("A100 40GB PCIe"))
+    for _ in range(3):
+        record_run(*_two_device_run(t4))
+    seen = History.peek("my-box")
+    assert seen.stale(t4) == {}
+    assert seen.fitting(t4) is seen
+    stale = seen.stale(a100)
+    assert list(stale) == [1] and "1:T4" in stale[1] and "1:A100 40GB PCIe" in stale[1]
+    fitted = seen.fitting(a100)
+    assert fitted.rate("matmul", "fp32", 1) is None
+    assert fitted.rate("matmul", "fp32", 0) == seen.rate("matmul", "fp32", 0)
+    assert seen.runs("matmul", "fp32", 1) == 3       # the shared object is untouched
+    record_run(*_two_device_run(a100))
+    kept = History.load("my-box")
+    assert kept.runs("matmul", "fp32", 0) == 4
+    assert kept.runs("matmul", "fp32", 1) == 1
+    assert kept.devices[1].identity == a100.devices[1].identity
+    assert kept.devices[1].label == "1:A100 40GB PCIe"
+    assert kept.stale(a100) == {} and list(kept.stale(t4)) == [1]
+
+
+def test_a_machine_with_fewer_devices_leaves_out_the_others():
+    h = History("my-box")
+    two = machine_from_json(_box())
+    h.adopt(two)
+    h.update(*_two_device_run(two)[:3])
+    one = machine_from_json({"name": "my-box", "devices": [{"catalog": "H100 SXM"}]})
+    stale = h.stale(one)
+    assert list(stale) == [1] and "has 1 device(s) now" in stale[1]
+    assert h.fitting(one).rate("matmul", "fp32", 1) is None
+    assert h.adopt(one) == stale and h.rate("matmul", "fp32", 1) is None
+    assert h.rate("matmul", "fp32", 0) is not None
+
+
+def test_a_history_written_before_identities_is_taken_as_the_same_devices():
+    h = History("my-box")
+    h.update(*_two_device_run(machine_from_json(_box()))[:3])
+    h.save()
+    obj = json.loads(history_path("my-box").read_text())
+    assert obj["devices"] == []
+    again = History.load("my-box")
+    assert again.stale(machine_from_json(_box("A100 40GB PCIe"))) == {}
+
+
+def test_a_local_cluster_worker_keeps_its_identity_on_another_port():
+    core = load_machine("local-cpu").devices[0]
+    here = replace(core, name="dask worker tcp://127.0.0.1:36799")
+    assert here.identity == replace(core, name="dask worker tcp://127.0.0.1:4101").identity
+    assert here.identity != replace(core, name="dask worker tcp://10.0.0.7:36799").identity
+    assert here.identity != replace(here, peak_fp32=2 * here.peak_fp32).identity
+    assert here.identity == replace(here, mem_bytes=here.mem_bytes / 2).identity
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"index": -1, "identity": "0123456789ab"}, "index -1"),
+    ({"index": 0, "identity": "xyz"}, "12 hex digits"),
+    ({"identity": "0123456789ab"}, "index"),
+])
+def test_a_malformed_devices_entry_is_refused_in_one_line(entry, says):
+    h = History("my-box")
+    h.update(*_run({0: 0.5}))
+    h.save()
+    obj = json.loads(history_path("my-box").read_text())
+    obj["devices"] = [entry]
+    history_path("my-box").write_text(json.dumps(obj))
+    with pytest.raises(HistoryError, match=f"device entry 0: .*{says}") as info:
+        History.load("my-box")
+    assert "\n" not in str(info.value)
+
+
+def test_the_agent_says_what_of_the_history_it_leaves_out(tmp_path):
+    t4, a100 = machine_from_json(_box("T4")), machine_from_json(_box("A100 40GB PCIe"))
+    record_run(*_two_device_run(t4))
+    from lib.runtime import Agent
+    assert not any("history" in n for n in Agent(policy="equal", machine=t4).notes())
+    (note,) = [n for n in Agent(policy="equal", machine=a100).notes() if "history" in n]
+    assert "my-box" in note and "learned on 1:T4, now 1:A100 40GB PCIe" in note
+
+
+def test_cli_reads_a_profile_path_under_the_name_inside_it(tmp_path, capsys):
+    """Runs record under the profile's own name; ``--machine FILE`` shows them
+    (it looked for a history named after the path), and marks a device the
+    file no longer has."""
+    record_run(*_two_device_run(machine_from_json(_box("T4"))))
+    path = tmp_path / "lab" / "box.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_box("A100 40GB PCIe")))
+    assert machine_name(str(path)) == "my-box"
+    assert machine_name("dask://host:8786") == "dask://host:8786"
+    assert machine_name("local-cpu") == "local-cpu"
+    assert history_cli.run(_cli(["--machine", str(path), "--json"])) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["machine"] == "my-box" and len(obj["figures"]) == 2
+    assert list(obj["stale"]) == ["1"]
+    assert history_cli.run(_cli(["--machine", str(path)])) == 0
+    assert "NOT USED: device 1 (learned on 1:T4" in capsys.readouterr().out

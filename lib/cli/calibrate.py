@@ -54,13 +54,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     """Fit and report (or, with ``--score``, score); exit 0."""
     from lib.costmodel.calibrate import CalibrationError, calibrate_machine
+    from lib.platform.machines import machine_name
     from lib.storage import characterisation_path
 
     if args.score:
         return _score(args)
     # The runs file is read here first, with every input file's checks; the
     # fit reads it again (where it is missing, the fit says how to make it).
-    for runs in args.characterisation or [characterisation_path(args.machine)]:
+    for runs in args.characterisation or [characterisation_path(
+            machine_name(args.machine))]:
         if os.path.lexists(runs):
             read_json(runs, "characterisation")
     if args.folds < 0 or args.folds == 1:
@@ -84,13 +86,14 @@ def _score(args: argparse.Namespace) -> int:
         score_runs,
     )
     from lib.costmodel.parameters import load_params
+    from lib.platform.machines import machine_name
     from lib.storage import characterisation_path
 
     obj = read_json(args.score, "characterisation")
     if not isinstance(obj, dict) or not isinstance(obj.get("runs"), list):
         raise UsageError(f"{args.score}: no 'runs' list (not a characterisation)")
     try:
-        params = load_params(args.machine)
+        params = load_params(machine_name(args.machine))
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
     if params is None:
@@ -111,7 +114,7 @@ def _score(args: argparse.Namespace) -> int:
             and not any(name.startswith("contention[") for name in params.fitted):
         # a fit of quiet runs cannot know how much more than its share a
         # busy device costs a shard; these runs can tell it
-        quiet = characterisation_path(args.machine)
+        quiet = characterisation_path(machine_name(args.machine))
         text += (f"\nabove the {LOADED_APE_GOAL_PCT:.0f} % goal, and the saved fit "
                  "saw no run under load: fit these runs in as well with gpuhive "
                  f"calibrate --machine {args.machine} --characterisation "

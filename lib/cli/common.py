@@ -496,11 +496,15 @@ def check_calibration(machine_name: str) -> None:
     """Read the machine's stored calibration file, where there is one, as an
     input file and as parameters: the commands that use it fail fast, naming
     it and how to mend it, rather than deep inside a run."""
+    from lib.platform.machines import MachineError
+    from lib.platform.machines import machine_name as name_of
     from lib.storage import StorageError, calibration_path
 
+    spec = machine_name
     try:
+        machine_name = name_of(spec)
         path = calibration_path(machine_name)
-    except StorageError:
+    except (StorageError, MachineError):
         return  # the command refuses the name itself
     if not os.path.lexists(path):
         return
@@ -512,7 +516,7 @@ def check_calibration(machine_name: str) -> None:
     except (UsageError, CalibrationError) as exc:
         # ``gpuhive calibrate`` writes the file again whatever it holds
         raise UsageError(f"{exc}; not used: write it again with gpuhive calibrate "
-                         f"--machine {machine_name}, or move it aside") from None
+                         f"--machine {spec}, or move it aside") from None
 
 
 def task_from_args(args: argparse.Namespace) -> TaskSpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
 from lib.cli.common import LOCAL_MACHINE, add_json, add_machine, emit, fmt_seconds
 
@@ -69,12 +70,16 @@ def run(args: argparse.Namespace) -> int:
     from lib.costmodel.history import METHOD, History
     from lib.costmodel.overhead import FREE_BAND, METHOD_OVERHEAD
     from lib.costmodel.speed import METHOD_SPEED
+    from lib.platform.machines import machine_name
 
     if args.forget:
         return forget(args)
-    history = History.load(args.machine)
+    name = machine_name(args.machine)
+    history = History.load(name)
     obj = history.to_json()
     obj["path"] = str(history.path)
+    stale = _stale(history, args.machine)
+    obj["stale"] = {str(i): why for i, why in stale.items()}
     bursts = [(level, b) for d in sorted({d for d, _ in history.felt})
               for level, b in history.bands(d)]
     obj["bursts"] = [{**dataclasses.asdict(b), "level": level}
@@ -84,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
         kept = sorted(p.stem for p in history.path.parent.glob("*.json")
                       if p != history.path)
         obj["histories_kept"] = kept
-        text = (f"history of {args.machine}: no MEASURED runs recorded yet "
+        text = (f"history of {name}: no MEASURED runs recorded yet "
                 f"({history.path})")
         if kept:
             text += f"; runs are recorded for: {', '.join(kept)}"
     else:
-        lines = [f"history of {args.machine}: MEASURED rates ({history.path})",
+        lines = [f"history of {name}: MEASURED rates ({history.path})",
                  f"  {'kind':<12} {'dtype':<6} {'device':>6} {'rate':>14} "
                  f"{'spread':>7} {'runs':>5}"]
         for key in sorted(history.figures):
@@ -139,30 +144,61 @@ def run(args: argparse.Namespace) -> int:
                              f"{fmt_seconds(mean):>9} {fmt_seconds(median):>9} "
                              f"{len(o.samples):>7} {o.runs:>5}")
             lines.append(f"  method: {METHOD_OVERHEAD}")
+        if history.devices or stale:
+            lines += ["", "devices the figures were learned on",
+                      f"  {'device':>6} {'identity':<12}  learned on"]
+            for i in sorted(set(history.devices) | set(stale)):
+                known = history.devices.get(i)
+                lines.append(f"  {i:>6} {known.identity if known else '-':<12}  "
+                             f"{known.label if known else '(not recorded)'}"
+                             + ("  NOT USED: " + stale[i] if i in stale else ""))
+            if stale:
+                lines.append("  what was learned of a device the machine no "
+                             "longer has is not used, and its next MEASURED run "
+                             "forgets it")
         text = "\n".join(lines)
     emit(args, obj, text)
     return 0
+
+
+def _stale(history: Any, name: str) -> dict[int, str]:
+    """What of ``history`` was learned on devices machine ``name`` no longer
+    has (:meth:`~lib.costmodel.history.History.stale`); empty where the
+    machine cannot be looked at without starting something (a Dask
+    cluster) or cannot be loaded here."""
+    from lib.platform.machines import RESOLVERS, MachineError, load_machine
+
+    if not history.devices or any(name.startswith(p) for p in RESOLVERS) \
+            or name.startswith("dask"):
+        return {}
+    try:
+        machine = load_machine(name)
+    except (MachineError, OSError, RuntimeError):
+        return {}   # nvml without a driver, a profile moved away
+    return history.stale(machine)
 
 
 def forget(args: argparse.Namespace) -> int:
     """Remove the machine's history file and say what it held; exit 0 (a
     machine with none has nothing to forget, and says so)."""
     from lib.costmodel.history import History, HistoryError, history_path
+    from lib.platform.machines import machine_name
 
-    path = history_path(args.machine)
+    name = machine_name(args.machine)
+    path = history_path(name)
     if not path.is_file():
-        emit(args, {"machine": args.machine, "path": str(path), "removed": False},
-             f"history of {args.machine}: none to forget ({path})")
+        emit(args, {"machine": name, "path": str(path), "removed": False},
+             f"history of {name}: none to forget ({path})")
         return 0
     try:
-        held = History.load(args.machine)
+        held = History.load(name)
         runs = sum(f.runs for f in held.figures.values())
         what = f"{len(held)} rate(s) from {runs} MEASURED shard run(s)"
     except HistoryError:
         runs, what = None, "a malformed file"
     path.unlink()
-    emit(args, {"machine": args.machine, "path": str(path), "removed": True,
+    emit(args, {"machine": name, "path": str(path), "removed": True,
                 "runs": runs},
-         f"history of {args.machine}: forgot {what} (removed {path}); the "
+         f"history of {name}: forgot {what} (removed {path}); the "
          "runtime learns it afresh from its next MEASURED run")
     return 0

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             decision = agent.optimize(task)
         elif args.rehash:
             decision = decision.with_hash(task)
+        notes = agent.notes()  # before the run, whose record may mend one
         result = agent.execute(task, decision, verify=args.verify)
     finally:
         agent.close()
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     tag = "MEASURED" if m.measured else "PREDICTED"
     seen = describe_telemetry(snap)
     lines = [f"{m.label} {task.describe()} on {agent.machine.name}",
-             *(f"note      {note}" for note in agent.notes()),
+             *(f"note      {note}" for note in notes),
              f"telemetry {seen or 'none (decided as if every device were idle)'}",
              f"decision  {decision.describe()}"]
     # a Dask worker's label is its address: the column widens to hold it
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"verified {str(m.verified).lower()} (max abs error "
                      f"{m.max_abs_error:.3g})")
     emit(args, {"task": task.to_json(), "machine": agent.machine.name,
-                "notes": agent.notes(), "telemetry": seen,
+                "notes": notes, "telemetry": seen,
                 "decision": decision.to_json(), "metrics": m.to_json(),
                 "warmup": args.warmup if m.measured else 0},
          "\n".join(lines))

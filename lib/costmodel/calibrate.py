@@ -426,7 +426,8 @@ def calibrate_machine(machine_name: str,
     """Characterisation file(s) -> fitted, scored and saved parameters.
 
     Args:
-        machine_name: the machine (``local-cpu``).
+        machine_name: the machine (``local-cpu``), or the path of a profile
+            of one's own (its files are kept under the name inside it).
         characterisation_path_: the JSON :func:`lib.execution.characterise.characterise`
             wrote, or several (e.g. one quiet and one taken under
             ``--induce-load``: their runs are pooled); default
@@ -437,6 +438,8 @@ def calibrate_machine(machine_name: str,
     Raises:
         CalibrationError: no characterisation file, or one for another machine.
     """
+    spec, machine = machine_name, load_machine(machine_name)
+    machine_name = machine.name   # a profile's path: the name runs record under
     given = characterisation_path_
     paths = [Path(p) for p in (given if isinstance(given, (list, tuple)) else
                                [given or characterisation_path(machine_name)])]
@@ -445,7 +448,7 @@ def calibrate_machine(machine_name: str,
         if not path.is_file():
             raise CalibrationError(f"no characterisation of {machine_name} at "
                                    f"{path}; run: gpuhive characterise --machine "
-                                   f"{machine_name}")
+                                   f"{spec}")
         try:
             obj = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -459,7 +462,6 @@ def calibrate_machine(machine_name: str,
         runs += [{**r, "occasion": str(path)}
                  if isinstance(r, Mapping) and "occasion" not in r else r
                  for r in obj["runs"]]
-    report = calibrate(load_machine(machine_name), runs, holdout=holdout, seed=seed,
-                       folds=folds)
+    report = calibrate(machine, runs, holdout=holdout, seed=seed, folds=folds)
     save_params(machine_name, report.params, report)
     return report.to_json() if json_out else report

@@ -27,6 +27,14 @@ On disk: ``<home>/history/<machine>.json``, written with
 :func:`lib.storage.write_atomic` as compact JSON. A malformed file is refused
 with one line naming it, and never overwritten.
 
+Figures are kept by device index, and beside them the file keeps each
+device's :attr:`~lib.platform.machines.Device.identity`. A machine is known
+by its name, and the device at an index can change under one: a profile
+edited to swap a T4 for an A100, a Dask cluster whose workers are other
+hosts this session. What was learned of a device the machine no longer has
+there is not used (:meth:`History.fitting`), and the next run on the
+machine forgets it (:meth:`History.adopt`); the other devices keep theirs.
+
 The history also keeps, per device and length of shard, how much of the
 contention on a busy device its shards felt (:mod:`lib.costmodel.contention`
 says what that is and fits a burst to it; :meth:`History.burst`), and per
@@ -51,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +147,15 @@ def robust_rate(samples: Sequence[float]) -> tuple[float, float]:
     return math.exp(m), scale
 
 
+@dataclass(frozen=True)
+class KnownDevice:
+    """The device a history's figures of one index were learned on: its
+    :attr:`~lib.platform.machines.Device.identity` and its label then."""
+
+    identity: str
+    label: str
+
+
 @dataclass
 class Figure:
     """What the history knows of one (kind, dtype, device).
@@ -186,13 +204,18 @@ class History:
                  figures: Mapping[tuple[str, str, int], Figure] | None = None,
                  felt: Mapping[tuple[int, int], Felt] | None = None,
                  speeds: Mapping[tuple[str, str, int, int], Speed] | None = None,
-                 overheads: Mapping[tuple[int, int], Overheads] | None = None):
+                 overheads: Mapping[tuple[int, int], Overheads] | None = None,
+                 devices: Mapping[int, KnownDevice] | None = None):
         self.machine = machine
         file_stem(machine)  # a name no file can be made of is refused here
         self.figures: dict[tuple[str, str, int], Figure] = dict(figures or {})
         self.felt: dict[tuple[int, int], Felt] = dict(felt or {})
         self.speeds_kept: dict[tuple[str, str, int, int], Speed] = dict(speeds or {})
         self.overheads: dict[tuple[int, int], Overheads] = dict(overheads or {})
+        #: index -> the device the figures of that index were learned on
+        #: (none in a file written before identities were kept)
+        self.devices: dict[int, KnownDevice] = dict(devices or {})
+        self._fitted: dict[tuple[str, ...], History] = {}
 
     @property
     def path(self) -> Path:
@@ -319,6 +342,66 @@ class History:
                 out[device] = g
         return out
 
+    # -- which devices it knows -----------------------------------------------
+
+    def learned_on(self) -> set[int]:
+        """The device indices anything is kept for."""
+        return ({k[2] for k in self.figures} | {k[0] for k in self.felt}
+                | {k[2] for k in self.speeds_kept} | {k[0] for k in self.overheads})
+
+    def stale(self, machine: Machine) -> dict[int, str]:
+        """index -> why, for each device whose figures were learned on a
+        device ``machine`` no longer has there: another identity, or an
+        index past its devices. An index the file names no identity for (a
+        file written before they were kept) is taken to be the same device."""
+        out = {}
+        for i in sorted(self.learned_on() | set(self.devices)):
+            known = self.devices.get(i)
+            if i >= machine.n:
+                was = f"learned on {known.label}; " if known is not None else ""
+                out[i] = (f"device {i} ({was}{machine.name} has {machine.n} "
+                          "device(s) now)")
+            elif known is not None and known.identity != machine.devices[i].identity:
+                out[i] = (f"device {i} (learned on {known.label}, now "
+                          f"{machine.devices[i].label})")
+        return out
+
+    def without(self, devices: Sequence[int] | set[int]) -> History:
+        """A copy that knows nothing of ``devices``."""
+        drop = {int(d) for d in devices}
+        return History(
+            self.machine,
+            {k: v for k, v in self.figures.items() if k[2] not in drop},
+            {k: v for k, v in self.felt.items() if k[0] not in drop},
+            {k: v for k, v in self.speeds_kept.items() if k[2] not in drop},
+            {k: v for k, v in self.overheads.items() if k[0] not in drop},
+            {k: v for k, v in self.devices.items() if k not in drop})
+
+    def fitting(self, machine: Machine) -> History:
+        """This history as far as it holds for ``machine``: itself where every
+        device it knows is still there (no copy), else a copy without the
+        others (:meth:`stale`), made once per machine layout. For reading
+        only, as :meth:`peek`'s history is."""
+        key = tuple(d.identity for d in machine.devices)
+        if key not in self._fitted:
+            stale = self.stale(machine)
+            self._fitted[key] = self.without(stale) if stale else self
+        return self._fitted[key]
+
+    def adopt(self, machine: Machine) -> dict[int, str]:
+        """Forget, in place, what was learned of devices ``machine`` no longer
+        has (:meth:`stale`) and note each of its devices' identity; return
+        what was forgotten (index -> why)."""
+        stale = self.stale(machine)
+        if stale:
+            kept = self.without(stale)
+            self.figures, self.felt = kept.figures, kept.felt
+            self.speeds_kept, self.overheads = kept.speeds_kept, kept.overheads
+        self.devices = {d.index: KnownDevice(d.identity, d.label)
+                        for d in machine.devices}
+        self._fitted.clear()
+        return stale
+
     # -- learning -----------------------------------------------------------
 
     def update(self, task: TaskSpec, decision: Decision, result: Any,
@@ -344,6 +427,7 @@ class History:
         Raises:
             HistoryError: the run is PREDICTED (a model backend's), not MEASURED.
         """
+        self._fitted.clear()    # copies made for reading hold the old figures
         metrics = result.metrics
         if not metrics.measured:
             raise HistoryError(f"history: a {metrics.label} run teaches nothing; "
@@ -411,7 +495,9 @@ class History:
                            for k in sorted(self.speeds_kept)],
                 "method_overhead": METHOD_OVERHEAD,
                 "overheads": [self.overheads[k].to_json()
-                              for k in sorted(self.overheads)]}
+                              for k in sorted(self.overheads)],
+                "devices": [{"index": i, "identity": d.identity, "label": d.label}
+                            for i, d in sorted(self.devices.items())]}
 
     def save(self) -> Path:
         """Write atomically to ``<home>/history/<machine>.json``.
@@ -434,6 +520,9 @@ def record_run(task: TaskSpec, decision: Decision, result: Any,
     """Teach ``machine``'s saved history one MEASURED run and save it: what
     :meth:`lib.runtime.Agent.execute` does after every run (the arguments
     are :meth:`History.update`'s; returns the keys it updated).
+
+    What the history knew of a device ``machine`` no longer has at that
+    index is forgotten first (:meth:`History.adopt`).
 
     The history this process last wrote is kept in memory with the digest of
     the bytes it wrote. While the file still holds those bytes, it is
@@ -464,6 +553,7 @@ def record_run(task: TaskSpec, decision: Decision, result: Any,
     else:
         history = History(machine.name, *_read(path, machine.name, data))
     _WRITTEN.pop(key, None)  # mid-update it is not what the file holds
+    history.adopt(machine)   # what it knew of devices no longer there goes
     done = history.update(task, decision, result, snapshot, machine, params)
     data = history.file_bytes()
     write_atomic(path, data)
@@ -496,11 +586,12 @@ _PEEKED: dict[tuple[str, str, str], History] = {}
 def _read(path: Path, machine: str, data: bytes | None = None
           ) -> tuple[dict[tuple[str, str, int], Figure], dict[tuple[int, int], Felt],
                      dict[tuple[str, str, int, int], Speed],
-                     dict[tuple[int, int], Overheads]]:
+                     dict[tuple[int, int], Overheads], dict[int, KnownDevice]]:
     """Parse a history file into its figures, what shards felt, the speed
-    points and the overheads (the last three absent in a file written before
-    the history kept them: none); :class:`HistoryError` in one line if
-    malformed. ``data``: the file's bytes, already read."""
+    points, the overheads and the devices they were learned on (the last
+    four absent in a file written before the history kept them: none);
+    :class:`HistoryError` in one line if malformed. ``data``: the file's
+    bytes, already read."""
     def bad(what: str) -> HistoryError:
         return HistoryError(f"{path}: malformed history ({what}); not used and "
                             "not overwritten: move it aside, or remove it with "
@@ -553,4 +644,15 @@ def _read(path: Path, machine: str, data: bytes | None = None
               for e in entries("speeds", "speed", read_speed)}
     overheads = {(e.device, e.band): e
                  for e in entries("overheads", "overhead", read_overheads)}
-    return out, felt, speeds, overheads
+    devices = {i: d for i, d in entries("devices", "device", _read_device)}
+    return out, felt, speeds, overheads, devices
+
+
+def _read_device(entry: Any) -> tuple[int, KnownDevice]:
+    """One ``devices`` entry: (index, KnownDevice); ValueError if malformed."""
+    index, identity = entry["index"], entry["identity"]
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index {index!r}")
+    if not isinstance(identity, str) or not re.fullmatch(r"[0-9a-f]{12}", identity):
+        raise ValueError(f"identity {identity!r} is not 12 hex digits")
+    return index, KnownDevice(identity, str(entry.get("label", index)))

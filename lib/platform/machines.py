@@ -31,6 +31,7 @@ import the other.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,10 @@ GB = 1e9
 TB = 1e12
 
 PROVENANCES = ("measured", "estimated")
+
+#: ``scheme://host:port`` in a device's name, the port group-less
+#: (:attr:`Device.identity` leaves the port out).
+_PORT = re.compile(r"(\w+://[^\s():]+):\d+")
 
 
 class MachineError(ValueError):
@@ -152,6 +158,21 @@ class Device:
     def label(self) -> str:
         """``"2:V100 SXM2 32GB"``: index and name, for tables and errors."""
         return f"{self.index}:{self.name}"
+
+    @cached_property
+    def identity(self) -> str:
+        """Twelve hex digits that change when the device at this index is
+        another device: a digest of its kind, its name (a network address's
+        port left out, since a local Dask cluster's workers get new ports
+        each time it starts) and the figures the cost model prices it with,
+        to three significant digits (a figure read live may wobble in its
+        last digits). What a history learned of a device is kept under this,
+        so it is never applied to a card a profile has since replaced."""
+        name = _PORT.sub(r"\1", self.name)
+        figures = (self.peak_fp32, self.peak_fp64, self.tensor_fp16,
+                   self.tensor_bf16, self.mem_bw)
+        text_ = "|".join([self.kind, name, *(f"{v:.3g}" for v in figures)])
+        return hashlib.blake2b(text_.encode(), digest_size=6).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -962,6 +983,24 @@ def own_profile(name: str) -> Machine | None:
             if machine.name == name:
                 return machine
     return None
+
+
+def machine_name(spec: str | Path) -> str:
+    """The name a machine's calibration, characterisation and history are
+    kept under, for what ``--machine`` was given: the profile's own name
+    where ``spec`` is the path of a profile file (``lab/box.json`` holding
+    ``"name": "my-box"`` is ``my-box``, the name every run records under),
+    else ``spec`` itself, unread (a Dask spec is not connected to).
+
+    Raises:
+        MachineError: ``spec`` is the path of a file that is not a profile.
+    """
+    text = str(spec)
+    if isinstance(spec, Path) or (("/" in text or text.endswith(".json"))
+                                  and "://" not in text
+                                  and not any(text.startswith(p) for p in RESOLVERS)):
+        return load_machine(spec).name
+    return text
 
 
 def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
