@@ -51,12 +51,18 @@ SCENARIOS: dict[str, str | None] = {
     "two_blocks": fenced(GOOD) + "\nAnd a variant:\n" + fenced(WRONG),
     "http500": None,
     "timeout": None,
+    "trickle": fenced(GOOD),
 }
 """Scenario -> answer text (None: no answer; the server fails or stalls)."""
 
 TIMEOUT_STALL_S = 3.0
 """How long the ``timeout`` scenario stalls (longer than the tests' client
 timeout of 1 s)."""
+
+TRICKLE_BYTE_S = 0.1
+"""The ``trickle`` scenario sends a good answer a byte at a time, one every
+this many seconds: never a read timeout's worth of silence, and minutes for
+the whole answer."""
 
 
 def _responses(text: str, model: str) -> dict:
@@ -122,23 +128,30 @@ class LLMStub:
                                                "type": "server_error"}})
                     return
                 text, model = SCENARIOS[scenario], body.get("model", "stub")
+                pace = TRICKLE_BYTE_S if scenario == "trickle" else 0.0
                 if self.path.endswith("/responses"):
-                    self._send(200, _responses(text, model))
+                    self._send(200, _responses(text, model), pace)
                 elif self.path.endswith("/messages"):
-                    self._send(200, _messages(text, model))
+                    self._send(200, _messages(text, model), pace)
                 elif self.path.endswith("/chat/completions"):
-                    self._send(200, _chat(text, model))
+                    self._send(200, _chat(text, model), pace)
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
-            def _send(self, status: int, obj: dict) -> None:
+            def _send(self, status: int, obj: dict, pace: float = 0.0) -> None:
                 data = json.dumps(obj).encode()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    if not pace:
+                        self.wfile.write(data)
+                        return
+                    for i in range(len(data)):   # until the client hangs up
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(pace)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,32 @@ def test_bad_answer_falls_back_to_the_template(stub, gen, caplog, scenario, reas
     assert scan_source(kernel.source, "elementwise_fp32").accepted
     # Nothing of the rejected answer was cached: only the template's entry.
     assert len(gen.cache.entries()) == 1
+
+
+@pytest.mark.parametrize("name", list(PROVIDERS))
+def test_a_trickled_answer_is_given_up_at_the_deadline(stub, name):
+    """A server that sends its answer a byte every 0.1 s never lets a read
+    wait the 1 s timeout; the whole request is held to its deadline."""
+    stub.scenario = "trickle"
+    provider = PROVIDERS[name](stub)
+    provider.deadline = 1.5
+    task, _ = _pair()
+    t0 = time.monotonic()
+    with pytest.raises(CodegenError, match=rf"^{name}: no whole answer within 1.5 s"):
+        provider.ask("write the kernel", task)
+    assert time.monotonic() - t0 < 3.0
+
+
+@pytest.mark.parametrize("name", list(PROVIDERS))
+def test_every_request_caps_the_answer_tokens(stub, name):
+    stub.scenario = "good"
+    provider = PROVIDERS[name](stub)
+    provider.max_tokens = 1234
+    task, _ = _pair()
+    assert "elementwise_fp32" in provider.ask("write the kernel", task)
+    _, body, _ = stub.requests[-1]
+    field = "max_output_tokens" if name == "openai" else "max_tokens"
+    assert body[field] == 1234
 
 
 @needs_nvrtc

@@ -24,7 +24,10 @@ name                client, model, key
 ==================  =====================================================
 
 Keys are read by the SDKs from the environment (or passed in) and never
-logged, stored in the cache or put in a message.
+logged, stored in the cache or put in a message. Each request is held to
+:data:`DEADLINE_S` in all (a read's timeout alone lets a trickling server
+hold it for ever), and its answer to :data:`MAX_ANSWER_TOKENS`; past either,
+the plane falls back to the template as on any failed request.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import json
 import os
 import re
 import stat
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -167,6 +172,46 @@ class Provider(Protocol):
         ...
 
 
+#: The most tokens an answer may have (a kernel is a few hundred; the rest is
+#: room for a model that reasons before it answers, on the Responses API
+#: counted in the same limit). Bounds what one request can cost.
+MAX_ANSWER_TOKENS = 8192
+#: Seconds one request may take in all, retries included. The SDKs' timeout
+#: bounds each read, not the whole: a server that trickles its answer a few
+#: bytes a second holds a request for as long as it likes.
+DEADLINE_S = 300.0
+
+
+def _within(deadline: float, who: str, call: Callable[[], Any],
+            close: Callable[[], None]) -> Any:
+    """``call()``, or :class:`CodegenError` once ``deadline`` seconds have
+    passed without its answer: the request runs in a thread of its own, and
+    ``close`` (the client's) then ends its connection, so the thread stops
+    at its next read. What ``call`` raises is raised here."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"{who} request", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        try:
+            close()
+        except Exception:
+            pass  # the connection is being dropped either way
+        raise CodegenError(f"{who}: no whole answer within {deadline:g} s, the "
+                           "deadline of one request (retries included); the "
+                           "server is stalling or trickling it")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _setting(value: str | None, env: str, what: str) -> str:
     found = value or os.environ.get(env, "")
     if not found:
@@ -183,7 +228,9 @@ class OpenAIProvider:
         base_url: API base URL; default the SDK's (``$OPENAI_BASE_URL`` or
             OpenAI's).
         api_key: default ``$OPENAI_API_KEY`` (read by the SDK).
-        timeout: seconds per request. max_retries: SDK retries.
+        timeout: seconds a read may wait. max_retries: SDK retries.
+        deadline: seconds the whole request may take (:data:`DEADLINE_S`).
+        max_tokens: answer limit (``max_output_tokens``, reasoning included).
     """
 
     model: str | None = None
@@ -191,6 +238,8 @@ class OpenAIProvider:
     api_key: str | None = None
     timeout: float = 120.0
     max_retries: int = 2
+    deadline: float = DEADLINE_S
+    max_tokens: int = MAX_ANSWER_TOKENS
     name = "openai"
     label = "LLM"
 
@@ -208,7 +257,10 @@ class OpenAIProvider:
                                "$OPENAI_API_KEY") from None
 
     def ask(self, prompt: str, task: TaskSpec) -> str:
-        response = self._client().responses.create(model=self.model, input=prompt)
+        client = self._client()
+        response = _within(self.deadline, self.name, lambda: client.responses.create(
+            model=self.model, input=prompt, max_output_tokens=self.max_tokens),
+            client.close)
         return response.output_text or ""
 
 
@@ -219,6 +271,8 @@ class AnthropicProvider:
     Args:
         model: default ``$GPUHIVE_ANTHROPIC_MODEL``. api_key: default
             ``$ANTHROPIC_API_KEY`` (read by the SDK). max_tokens: answer limit.
+        timeout: seconds a read may wait; deadline: seconds the whole
+            request may take (:data:`DEADLINE_S`).
     """
 
     model: str | None = None
@@ -226,7 +280,8 @@ class AnthropicProvider:
     api_key: str | None = None
     timeout: float = 120.0
     max_retries: int = 2
-    max_tokens: int = 4096
+    deadline: float = DEADLINE_S
+    max_tokens: int = MAX_ANSWER_TOKENS
     name = "anthropic"
     label = "LLM"
 
@@ -244,9 +299,9 @@ class AnthropicProvider:
         client = anthropic.Anthropic(api_key=api_key, base_url=self.base_url,
                                      timeout=self.timeout,
                                      max_retries=self.max_retries)
-        message = client.messages.create(
+        message = _within(self.deadline, self.name, lambda: client.messages.create(
             model=self.model, max_tokens=self.max_tokens,
-            messages=[{"role": "user", "content": prompt}])
+            messages=[{"role": "user", "content": prompt}]), client.close)
         return "".join(b.text for b in message.content
                        if getattr(b, "type", "") == "text")
 
@@ -260,6 +315,8 @@ class OpenAICompatibleProvider:
         model: default ``$GPUHIVE_COMPAT_MODEL``.
         api_key: default ``$GPUHIVE_COMPAT_API_KEY``, then ``$OPENAI_API_KEY``,
             then ``"none"`` (local servers often want none).
+        timeout: seconds a read may wait; deadline: seconds the whole
+            request may take (:data:`DEADLINE_S`); max_tokens: answer limit.
     """
 
     model: str | None = None
@@ -267,6 +324,8 @@ class OpenAICompatibleProvider:
     api_key: str | None = None
     timeout: float = 120.0
     max_retries: int = 2
+    deadline: float = DEADLINE_S
+    max_tokens: int = MAX_ANSWER_TOKENS
     name = "openai-compatible"
     label = "LLM"
 
@@ -283,8 +342,10 @@ class OpenAICompatibleProvider:
                or os.environ.get("OPENAI_API_KEY") or "none")
         client = openai.OpenAI(api_key=key, base_url=self.base_url,
                                timeout=self.timeout, max_retries=self.max_retries)
-        completion = client.chat.completions.create(
-            model=self.model, messages=[{"role": "user", "content": prompt}])
+        completion = _within(
+            self.deadline, self.name, lambda: client.chat.completions.create(
+                model=self.model, max_tokens=self.max_tokens,
+                messages=[{"role": "user", "content": prompt}]), client.close)
         if not completion.choices:
             return ""
         return completion.choices[0].message.content or ""
