@@ -386,6 +386,17 @@ def test_the_contention_exponent_is_fitted_from_runs_under_load(machine):
     assert again.contention == report.params.contention
 
 
+def test_the_contention_exponent_never_goes_below_one(machine):
+    """Runs whose loaded shards went faster than their measured capacity says
+    (as capacity ** 0.6): the exponent stays at 1, the fair share telemetry
+    measured, rather than tell the optimum a busy core is faster than its
+    share (the burst is what says a short shard runs free)."""
+    truth = params_with(truth_params(), [_Slot("contention", "cpu")], [0.6])
+    runs = _under_load(machine, synthetic_runs(machine, truth, noise=0.005), truth)
+    report = calibrate(machine, runs, seed=0)
+    assert report.params.contention["cpu"] == pytest.approx(1.0)
+
+
 def test_one_disturbed_run_of_a_quiet_machine_does_not_fit_the_exponent(machine):
     # a quiet characterisation where telemetry saw a process pass during one
     # run, which it did not slow: that run cannot say how load slows a core
