@@ -28,6 +28,13 @@ logged, stored in the cache or put in a message. Each request is held to
 :data:`DEADLINE_S` in all (a read's timeout alone lets a trickling server
 hold it for ever), and its answer to :data:`MAX_ANSWER_TOKENS`; past either,
 the plane falls back to the template as on any failed request.
+
+Why one module: the prompt (its contract text and :data:`PROMPT_VERSION`,
+which keys the cache), the code block taken from an answer and the clients
+that ask for it change together. A new provider is a client here and
+nothing else; a new kind is a contract here and the block it asks for.
+Apart, a prompt could change under a cached answer, or a client parse an
+answer the extractor would not.
 """
 
 from __future__ import annotations
