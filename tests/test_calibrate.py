@@ -395,6 +395,11 @@ def test_the_contention_exponent_never_goes_below_one(machine):
     runs = _under_load(machine, synthetic_runs(machine, truth, noise=0.005), truth)
     report = calibrate(machine, runs, seed=0)
     assert report.params.contention["cpu"] == pytest.approx(1.0)
+    # a file fitted before the bound is read as a fit of its runs now gives it
+    old = params_to_json(params_with(truth_params(), [_Slot("contention", "cpu")],
+                                     [0.5]))
+    assert old["contention"]["cpu"] == 0.5
+    assert params_from_json(old).contention["cpu"] == 1.0
 
 
 def test_one_disturbed_run_of_a_quiet_machine_does_not_fit_the_exponent(machine):

@@ -124,7 +124,8 @@ class CostParams:
         contention: device kind -> exponent ``gamma`` on a device's slowdown
             under contention: a shard gets ``capacity ** gamma`` of the device
             (1, the default: the scheduler's fair share; fitted from runs
-            taken under load, where the share a shard really gets differs).
+            taken under load, where a shard gets less than that share, and
+            never below 1: :data:`lib.costmodel.fit._BOUNDS` says why).
         sched_wait: device kind -> seconds ``w`` a shard waits for the
             scheduler on a device whose measured capacity ``c`` is below 1,
             per unit of ``1 / c - 1`` (0, the default: no wait; fitted from

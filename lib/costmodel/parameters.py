@@ -75,8 +75,10 @@ def params_from_json(obj: Mapping[str, Any], where: str = "params") -> CostParam
                          for dk, row in obj[t].items() for k, v in row.items()}
         for t in ("launch_s", "link_scale"):
             tables[t] = {dk: number(v, f"{t}.{dk}") for dk, v in obj[t].items()}
-        # absent from files written before it was fitted: the fair share
-        tables["contention"] = {dk: number(v, f"contention.{dk}")
+        # absent from files written before it was fitted: the fair share;
+        # below 1 in files fitted before the fit's bound (lib.costmodel.fit
+        # says why): read as 1, as a fit of the same runs now gives it
+        tables["contention"] = {dk: max(1.0, number(v, f"contention.{dk}"))
                                 for dk, v in obj.get("contention", {}).items()}
         # absent likewise: no wait for the scheduler
         # (0 where the runs could not tell them: the term stays off)
