@@ -244,7 +244,9 @@ def test_a_trickled_answer_is_given_up_at_the_deadline(stub, name):
     t0 = time.monotonic()
     with pytest.raises(CodegenError, match=rf"^{name}: no whole answer within 1.5 s"):
         provider.ask("write the kernel", task)
-    assert time.monotonic() - t0 < 3.0
+    # the whole answer would take over a minute at this pace; the bound is
+    # loose so that a busy machine cannot fail it
+    assert time.monotonic() - t0 < 15.0
 
 
 @pytest.mark.parametrize("name", list(PROVIDERS))
