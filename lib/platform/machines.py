@@ -53,8 +53,8 @@ TB = 1e12
 
 PROVENANCES = ("measured", "estimated")
 
-#: ``scheme://host:port`` in a device's name, the port group-less
-#: (:attr:`Device.identity` leaves the port out).
+#: ``scheme://host:port`` in a device's name; :attr:`Device.identity` keeps
+#: the scheme and host and leaves the port out.
 _PORT = re.compile(r"(\w+://[^\s():]+):\d+")
 
 
