@@ -165,11 +165,10 @@ def _stale(history: Any, name: str) -> dict[int, str]:
     """What of ``history`` was learned on devices machine ``name`` no longer
     has (:meth:`~lib.costmodel.history.History.stale`); empty where the
     machine cannot be looked at without starting something (a Dask
-    cluster) or cannot be loaded here."""
-    from lib.platform.machines import RESOLVERS, MachineError, load_machine
+    cluster, ``dask://`` or ``dask-local:``) or cannot be loaded here."""
+    from lib.platform.machines import MachineError, load_machine
 
-    if not history.devices or any(name.startswith(p) for p in RESOLVERS) \
-            or name.startswith("dask"):
+    if not history.devices or name.startswith("dask"):
         return {}
     try:
         machine = load_machine(name)

@@ -996,11 +996,18 @@ def machine_name(spec: str | Path) -> str:
         MachineError: ``spec`` is the path of a file that is not a profile.
     """
     text = str(spec)
-    if isinstance(spec, Path) or (("/" in text or text.endswith(".json"))
-                                  and "://" not in text
-                                  and not any(text.startswith(p) for p in RESOLVERS)):
+    if _is_profile_path(spec) and "://" not in text \
+            and not any(text.startswith(p) for p in RESOLVERS):
         return load_machine(spec).name
     return text
+
+
+def _is_profile_path(name: str | Path) -> bool:
+    """Whether :func:`load_machine` reads ``name`` (past its resolvers) as
+    the path of a profile file: a Path, or a name with a ``/`` or ending in
+    ``.json``."""
+    return isinstance(name, Path) or (isinstance(name, str) and (
+        "/" in name or name.endswith(".json")))
 
 
 def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
@@ -1023,8 +1030,7 @@ def load_machine(name: str | Path | Mapping[str, Any] | Machine) -> Machine:
     for prefix, resolve in RESOLVERS.items():
         if isinstance(name, str) and name.startswith(prefix):
             return resolve(name)
-    if isinstance(name, Path) or (isinstance(name, str) and (
-            "/" in name or name.endswith(".json"))):
+    if _is_profile_path(name):
         path = Path(name).expanduser()
         try:
             machine = machine_from_json(_read_profile(path),
